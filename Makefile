@@ -1,0 +1,25 @@
+# Two entry points (see README): `make demo` runs the whole pipeline on the built-in synthetic graph,
+# `make test` runs the test suite. Both create or reuse the virtual environment at .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-quick
+install: $(VENV)/.installed
+
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: install
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+test: install
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-quick: install
+	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)

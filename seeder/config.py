@@ -1,0 +1,307 @@
+"""Typed configuration: dataclasses with a docstring per field, loaded from YAML, overridden from the CLI.
+
+Every default lives here and nowhere else. A config file (``configs/*.yaml``) names only what differs
+from these defaults; command-line overrides use dotted keys (``train.lr=3e-4 expand.budget=150``)
+whose values are parsed as YAML scalars or lists.
+
+Each section is owned by one stage of the pipeline:
+
+- ``embed``, ``reduce``, ``seed``, ``expand``: preprocessing (``seeder.embed``, ``seeder.retrieve``)
+- ``model``: the policy network (``seeder.model``)
+- ``train``: REINFORCE + BPR training (``seeder.train``)
+- ``eval``: metrics and rankings (``seeder.metrics``)
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema; the message says which key and why."""
+
+
+@dataclass
+class EmbedConfig:
+    encoder: str = "minilm"
+    """Text encoder: ``minilm`` (the bundled all-MiniLM-L6-v2 weights), ``hash`` (fast, deterministic,
+    no model: for scale tests and CI), or a local sentence-transformers model directory."""
+    batch_size: int = 64
+    """Texts per encoder call (64 was as fast as 128 on CPU)."""
+    num_actors: int = 0
+    """Ray Data actors for the embedding stage; 0 picks one per GPU, or one per 2 CPUs without GPUs."""
+    cpus_per_actor: float = 2.0
+    """CPUs reserved per CPU embedding actor; torch threads are set to match."""
+    half_precision: bool = True
+    """Encode in float16 on GPU actors (ignored on CPU)."""
+    hash_dim: int = 384
+    """Output dimension of the ``hash`` encoder."""
+    max_seq_length: int = 256
+    """Tokens kept per text by the transformer encoder."""
+
+
+@dataclass
+class ReduceConfig:
+    dim: int = 256
+    """PCA output dimension (paper, Appendix D.1); 0 keeps the encoder's dimension."""
+    fit_sample: int = 100_000
+    """Node embeddings sampled to fit the PCA, which is then applied to all rows."""
+    seed: int = 0
+    """Random seed of the PCA sample."""
+
+
+@dataclass
+class SeedConfig:
+    k0: int = 3
+    """Seeds per query: the top-k0 nodes by cosine (paper, Section 3)."""
+    strategy: str = "dense"
+    """``dense`` (cosine), ``entity`` (node names found in the query text), or ``dense+entity``
+    (entity-linked nodes first, then dense seeds up to k0)."""
+    entity_min_chars: int = 3
+    """Shortest node name that entity linking matches (avoids matching ``a``, ``II``...)."""
+    entity_max: int = 3
+    """At most this many entity-linked seeds per query (longest names first)."""
+    block_nodes: int = 262_144
+    """Nodes per block in the exact blocked top-k search (bounds memory at millions of nodes)."""
+    block_queries: int = 4_096
+    """Queries per block in the exact blocked top-k search."""
+
+
+@dataclass
+class ExpandConfig:
+    budget: int = 200
+    """B: nodes kept in each query's bounded subgraph, seeds included (paper: 100-200)."""
+    hops: int = 2
+    """K: hops of K-HOP-WITH-FILTERING."""
+    keep_per_hop: list[int] = field(default_factory=lambda: [60, 140])
+    """b_h: nodes kept at each hop by filter score (the total is capped by ``budget``)."""
+    neighbor_cap: int = 1_000
+    """At most this many neighbours of one frontier node are scored (a fixed, seeded sample beyond
+    that), so a hub with 100K neighbours costs no more than this cap."""
+    candidate_cap: int = 20_000
+    """At most this many candidate edges scored per hop and query."""
+    weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
+    """Weights of sim(q,u), sim(q,v) and sim(q,r) in the filter score (paper, Section 3)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden_dim: int = 32
+    """Width of the graph transformer."""
+    num_layers: int = 3
+    """Graph-transformer layers."""
+    num_heads: int = 2
+    """Attention heads per layer."""
+    dropout: float = 0.1
+    """Dropout in attention and feed-forward blocks."""
+    query_injection: str = "concat"
+    """``add`` (z_v + W_q z_q) or ``concat`` ([z_v, W_q z_q, cos(z_v, z_q)] then a projection)."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 15
+    """Training epochs."""
+    batch_size: int = 16
+    """Queries per optimisation step (each with ``num_trajectories`` rollouts)."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 1e-5
+    """AdamW weight decay."""
+    warmup_epochs: int = 3
+    """Linear warm-up epochs before the cosine schedule."""
+    grad_clip: float = 1.0
+    """Gradient-norm clipping threshold."""
+    num_trajectories: int = 8
+    """M: trajectories sampled per query for group-centred REINFORCE (paper, Algorithm 2)."""
+    temperature: float = 1.0
+    """Gumbel-top-k sampling temperature."""
+    expansion_sizes: list[int] = field(default_factory=lambda: [7, 10])
+    """c_t: nodes added at each expansion step (its length is T, the number of steps)."""
+    frontier_caps: list[int] = field(default_factory=lambda: [20, 50])
+    """Frontier nodes considered at each step, best by filter score first."""
+    bpr_weight: float = 1.0
+    """lambda: weight of the BPR ranking loss."""
+    bpr_margin: float = 0.0
+    """gamma: margin of the BPR variant (paper uses 0.5); 0 is plain BPR."""
+    seed: int = 0
+    """Random seed of initialisation and sampling."""
+
+
+@dataclass
+class EvalConfig:
+    ks: list[int] = field(default_factory=lambda: [1, 5, 20])
+    """Cut-offs of Hit@k and Recall@k."""
+    ranking_length: int = 100
+    """Length of every full ranking a retriever returns."""
+
+
+@dataclass
+class SeederConfig:
+    """The whole configuration of a SeedER run, one section per stage."""
+
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    """Text encoding of nodes, relations and queries."""
+    reduce: ReduceConfig = field(default_factory=ReduceConfig)
+    """PCA reduction of the embeddings."""
+    seed: SeedConfig = field(default_factory=SeedConfig)
+    """Seeding of each query."""
+    expand: ExpandConfig = field(default_factory=ExpandConfig)
+    """K-HOP-WITH-FILTERING: the bounded per-query subgraph."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The query-conditioned sparse graph transformer."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """REINFORCE + BPR training."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading, overriding, documenting
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass (PEP 257 attribute docstrings)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check and convert one value against its field's type; int -> float is allowed."""
+    origin = get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {annotation.__name__} fields, got {value!r}")
+        return from_dict(annotation, value, prefix=f"{key}.")
+    if origin is list:
+        (item_type,) = get_args(annotation)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads "1e-3" as a string
+        except ValueError:
+            pass
+    if annotation in (int, float, str, bool):
+        if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
+            raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a (partial) mapping; unknown keys are errors that list the known ones."""
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]}; known keys here: {', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {part} is not a section")
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["train.lr=3e-4", "train.expansion_sizes=[5,5]"]`` -> nested dict of YAML-parsed values."""
+    data: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE (for example train.lr=3e-4)")
+        key, raw = item.split("=", 1)
+        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+    return data
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SeederConfig:
+    """Defaults, then the YAML file at ``path`` (if any), then dotted ``overrides``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass a YAML file such as configs/metaqa.yaml")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+    data = _merge(data, parse_overrides(overrides or []))
+    try:
+        return from_dict(SeederConfig, data)
+    except ConfigError as exc:
+        where = f" in {path}" if path is not None else ""
+        raise ConfigError(f"{exc}{where}") from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict (for YAML dumps, MLflow params and fingerprints)."""
+    return dataclasses.asdict(config)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train.lr": 1e-3, ...}``: one entry per leaf field."""
+    out: dict[str, Any] = {}
+    for key, value in (to_dict(config) if dataclasses.is_dataclass(config) else config).items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def describe(cls: type = SeederConfig, prefix: str = "") -> list[str]:
+    """One line per field: dotted key, default and its docstring (for ``seeder config``)."""
+    lines: list[str] = []
+    docs = field_docs(cls)
+    instance = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.extend(describe(type(value), f"{prefix}{f.name}."))
+        else:
+            lines.append(f"{prefix}{f.name} = {value!r}  # {docs.get(f.name, '')}")
+    return lines
