@@ -1,0 +1,113 @@
+"""Preprocessing artifacts: what ``pipelines/preprocess.py`` writes and every later stage reads.
+
+Layout of an artifacts directory (each stage directory is complete only once its manifest exists)::
+
+    manifest.json            dataset path and fingerprint, the resolved config, per-stage summaries
+    embed/                   raw encoder output (encoder dimension), one row per id
+        nodes/*.parquet      id int64, embedding fixed_size_list<float32>
+        relations.npy        float32 [2R, D]  (base relations, then inverses)
+        queries/*.parquet    id int64, embedding
+    features/                PCA-reduced, L2-normalised; row i of node.npy is node i
+        node.npy             float32 [N, d]
+        relation.npy         float32 [2R, d]
+        query.npy            float32 [Q, d], rows ordered as query_ids.npy
+        query_ids.npy        int64 [Q], ascending
+        pca.npz              mean [D], components [d, D]
+    seeds/
+        seeds.parquet        query_id int64, seeds list<int64>, seed_scores list<float32>
+    subgraphs/
+        part-*.parquet       seeder.subgraphs.SUBGRAPH_SCHEMA, one row per query
+    summary.json             run summary: per-stage time and throughput, subgraph ceilings
+
+Stores ids, never copies of embeddings: the trainer gathers features from ``node.npy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from seeder.config import SeederConfig, from_dict
+from seeder.io import DataError, read_manifest
+from seeder.store import KnowledgeGraph, open_dataset
+from seeder.subgraphs import SubgraphSet
+
+STAGES = ("embed", "features", "seeds", "subgraphs")
+
+
+@dataclass
+class Artifacts:
+    path: Path
+    manifest: dict[str, Any]
+
+    @cached_property
+    def config(self) -> SeederConfig:
+        return from_dict(SeederConfig, self.manifest["config"])
+
+    @cached_property
+    def dataset(self) -> KnowledgeGraph:
+        return open_dataset(self.manifest["dataset"])
+
+    def _require(self, stage: str) -> Path:
+        directory = self.path / stage
+        if read_manifest(directory) is None:
+            raise DataError(
+                f"{directory}: stage '{stage}' is missing or incomplete; run pipelines/preprocess.py "
+                f"--dataset {self.manifest.get('dataset')} --out {self.path}"
+            )
+        return directory
+
+    @cached_property
+    def node_features(self) -> np.ndarray:
+        return np.load(self._require("features") / "node.npy", mmap_mode="r")
+
+    @cached_property
+    def relation_features(self) -> np.ndarray:
+        return np.load(self._require("features") / "relation.npy", mmap_mode="r")
+
+    @cached_property
+    def query_features(self) -> np.ndarray:
+        return np.load(self._require("features") / "query.npy", mmap_mode="r")
+
+    @cached_property
+    def query_ids(self) -> np.ndarray:
+        return np.load(self._require("features") / "query_ids.npy")
+
+    def query_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of ``query_features`` for query ids ``ids``; unknown ids are an error."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = np.searchsorted(self.query_ids, ids)
+        rows = np.minimum(rows, len(self.query_ids) - 1)
+        missing = self.query_ids[rows] != ids
+        if missing.any():
+            raise DataError(f"{self.path}: query ids not in the artifacts, first: {ids[missing][:5].tolist()}")
+        return rows
+
+    def seeds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(query_ids [Q], seeds [Q, k0] int64 padded -1, seed_scores [Q, k0] float32)."""
+        table = pq.read_table(self._require("seeds") / "seeds.parquet").sort_by("query_id")
+        k0 = max((len(s) for s in table.column("seeds").to_pylist()), default=0)
+        seeds = np.full((table.num_rows, k0), -1, dtype=np.int64)
+        scores = np.full((table.num_rows, k0), -np.inf, dtype=np.float32)
+        for i, (s, sc) in enumerate(zip(table.column("seeds").to_pylist(), table.column("seed_scores").to_pylist())):
+            seeds[i, : len(s)] = s
+            scores[i, : len(sc)] = sc
+        return table.column("query_id").to_numpy(), seeds, scores
+
+    def subgraphs(self, split: str | None = None) -> SubgraphSet:
+        return SubgraphSet.read(self._require("subgraphs"), split=split)
+
+
+def open_artifacts(path: str | Path) -> Artifacts:
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise DataError(
+            f"{path}: no artifacts manifest; run `python pipelines/preprocess.py --dataset DIR --out {path}` first"
+        )
+    return Artifacts(path=path, manifest=manifest)
