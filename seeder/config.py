@@ -146,6 +146,76 @@ class EvalConfig:
 
 
 @dataclass
+class BaselinesConfig:
+    """The comparison suite of the paper's Table 1 (Appendix E) plus BM25 and hybrid retrieval."""
+
+    seeds: int = 3
+    """Dense seeds (top cosine) that the ego-graph, beam, A* and PPR baselines start from."""
+    ego_hops: int = 2
+    """Hops of the bounded ego graph around the seeds (G-Retriever, SubgraphRAG, PPR)."""
+    ego_neighbor_cap: int = 200
+    """At most this many CSR entries of one node are followed (its first ones in CSR order), so a
+    hub costs no more than this cap."""
+    ego_max_nodes: int = 1_000
+    """At most this many nodes per ego graph, seeds first, then each hop's nodes by cosine."""
+    block_queries: int = 256
+    """Queries processed together (ego graphs batched as one disjoint union)."""
+    gretriever_topk_nodes: int = 3
+    """G-Retriever: nodes given prizes k, k-1, ..., 1 by node-query similarity."""
+    gretriever_topk_edges: int = 5
+    """G-Retriever: distinct edge-similarity values given prizes (the rest get 0)."""
+    gretriever_edge_cost: float = 0.5
+    """G-Retriever: cost of every edge in the prize-collecting Steiner tree."""
+    gretriever_num_clusters: int = 1
+    """G-Retriever: connected components returned by pcst_fast."""
+    gretriever_pruning: str = "gw"
+    """G-Retriever: pcst_fast pruning (``none``, ``simple``, ``gw``, ``strong``)."""
+    gretriever_prize_bonus: float = 0.1
+    """Weight of a selected node's prize added to its cosine when ranking the selected nodes."""
+    subgraphrag_weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
+    """SubgraphRAG-style: weights of sim(q,head), sim(q,relation), sim(q,tail) in a triple's score."""
+    subgraphrag_top_triples: int = 100
+    """SubgraphRAG-style: triples kept per query; their endpoints plus the seeds are retrieved."""
+    beam_width: int = 10
+    """Beam traversal: paths kept per query after each hop."""
+    beam_hops: int = 2
+    """Beam traversal: hops from the seeds."""
+    beam_weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 1.0])
+    """Beam and A*: weights of sim(q,destination), sim(q,relation) and the previous path score in
+    a transition's score."""
+    beam_hop_penalty: float = 0.1
+    """Beam and A*: subtracted from the path score at every hop (prefers short paths)."""
+    astar_budget: int = 50
+    """A*-style search: states expanded per query."""
+    astar_depth: int = 3
+    """A*-style search: the deepest hop that is expanded further."""
+    astar_heuristic_weight: float = 1.0
+    """A*-style search: weight of the node-query cosine heuristic added to the path score."""
+    ppr_restart: float = 0.15
+    """Personalized PageRank: restart probability."""
+    ppr_iterations: int = 20
+    """Personalized PageRank: power iterations."""
+    ppr_weight: float = 0.5
+    """Personalized PageRank: weight of normalised PPR against dense cosine in the final relevance."""
+    mmr_pool: int = 250
+    """PPR + MMR: candidates (top by PPR relevance) the greedy selection draws from."""
+    mmr_select: int = 20
+    """PPR + MMR: nodes chosen by maximal marginal relevance."""
+    mmr_lambda: float = 0.78
+    """PPR + MMR: relevance weight lambda; 1 - lambda weighs redundancy (max cosine to the chosen)."""
+    bm25_k1: float = 1.5
+    """BM25 term-frequency saturation k1."""
+    bm25_b: float = 0.75
+    """BM25 length normalisation b."""
+    bm25_stopwords: str = "en"
+    """Stopword list of the BM25 tokenizer (``en``, or empty for none)."""
+    rrf_k: int = 60
+    """Reciprocal rank fusion constant of the hybrid (score 1 / (rrf_k + rank))."""
+    hybrid_pool: int = 100
+    """Hybrid: candidates taken from each of BM25 and dense before fusion."""
+
+
+@dataclass
 class SeederConfig:
     """The whole configuration of a SeedER run, one section per stage."""
 
@@ -163,6 +233,8 @@ class SeederConfig:
     """REINFORCE + BPR training."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation."""
+    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+    """The comparison suite: Table 1's baselines plus BM25 and hybrid."""
 
 
 # ---------------------------------------------------------------------------------------------------
