@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "seeder.synth",  # seeder synth
     "seeder.evaluate",  # seeder evaluate, seeder retrieve
     "seeder.benchmark",  # seeder benchmark
+    "seeder.tracking",  # seeder ui
 ]
 
 
