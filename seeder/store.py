@@ -352,7 +352,8 @@ def summarize(kg: KnowledgeGraph) -> dict[str, Any]:
         entry: dict[str, Any] = {"queries": sub.num_rows}
         for attr in attrs:
             col = sub.column(attr)
-            if pa.types.is_integer(col.type) or (pa.types.is_string(col.type) and len(col.unique()) <= 30):
+            # Only low-cardinality attributes (hop, qtype): an id column would print one line per query.
+            if sub.num_rows and (pa.types.is_integer(col.type) or pa.types.is_string(col.type)) and len(col.unique()) <= 30:
                 entry[attr] = {str(d["values"]): d["counts"] for d in col.value_counts().to_pylist()}
         by_split[split] = entry
     return {
