@@ -1,0 +1,335 @@
+"""Synthetic relation-tracing graphs (SeedER paper, Appendix B, Definition B.1), made realistic.
+
+Definition B.1: ``k`` relation types, each a uniform random permutation ``sigma_r`` of the ``N``
+nodes (an edge ``u -r-> sigma_r(u)``); a query is a start node ``s`` and a relation sequence
+``r_1..r_l`` (``1 <= l <= L``); its answer is ``sigma_{r_l}(...sigma_{r_1}(s))``. Every answer is
+unique and correct by construction, and reaching it needs exactly ``l`` hops.
+
+On top of that definition:
+
+- Typed nodes with unique pronounceable names (syllables from a scrambled id, so neighbours do not
+  look alike) and a short text ``"Bakilo: a city"``.
+- Readable relation names (``capital of``, ``mentor of`` ...) and questions that name the start node
+  and the relations, last hop first: ``"What is the capital of the mentor of Bakilo?"``. Dense
+  retrieval can find the start node; the answer's text shares no word with the question but generic
+  ones (``the``, ``a``, a type word).
+- Hubs (``hubs``): a few nodes with an extra relation ``features`` to ``hub_degree`` random nodes each,
+  so expansion meets high-degree nodes. Queries never use it, so answers stay exact.
+- Multi-answer queries (``multi_answer_frac``): one extra relation ``associate of`` is the union of
+  ``multi_answer_fanout`` further permutations ``pi_1..pi_c`` (each node has up to ``c`` associates).
+  A multi-answer query ends with that hop; its answers are ``{pi_j(x)}`` for the node ``x`` reached
+  before it, again exact by construction.
+
+Everything is vectorised numpy/pyarrow and deterministic from ``seed``: the same parameters give the
+same bytes in every Parquet file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seeder.config import ConfigError, from_dict
+from seeder.importers import progress
+from seeder.store import write_dataset
+
+
+@dataclass
+class SynthConfig:
+    """Parameters of ``seeder synth``; the defaults are the small graph the demo runs end to end."""
+
+    nodes: int = 2_000
+    """N: nodes of the graph."""
+    relations: int = 8
+    """k: permutation relations (Definition B.1); each adds N edges."""
+    max_path_length: int = 2
+    """L: queries follow 1..L relations, uniformly."""
+    queries: int = 1_500
+    """Queries generated (start node and relation sequence uniform at random)."""
+    hubs: int = 4
+    """Hub nodes, each with ``hub_degree`` extra ``features`` edges (0 for none)."""
+    hub_degree: int = 100
+    """Extra out-edges of each hub (capped at N - 1)."""
+    multi_answer_frac: float = 0.2
+    """Share of queries whose last hop is the multi-valued ``associate of`` relation (0 for none)."""
+    multi_answer_fanout: int = 3
+    """c: permutations united into ``associate of``; a multi-answer query has up to c answers."""
+    val_fraction: float = 0.1
+    """Share of queries in the val split."""
+    test_fraction: float = 0.1
+    """Share of queries in the test split."""
+    seed: int = 0
+    """Seed of every random choice; the same seed gives the same bytes."""
+
+
+KINDS = ["city", "person", "company", "river", "mountain", "film", "book", "planet", "team", "festival", "ship", "island"]
+RELATION_PHRASES = [
+    "capital of", "mentor of", "rival of", "partner of", "successor of", "origin of", "sponsor of", "owner of",
+    "founder of", "twin of", "patron of", "heir of", "ally of", "source of", "guardian of", "neighbor of",
+    "critic of", "student of", "designer of", "keeper of",
+]
+MULTI_PHRASE = "associate of"
+HUB_NAME = "features"
+CONSONANTS = list("bdfgklmnprstvz")
+VOWELS = list("aeiou")
+SYLLABLES = [c + v for c in CONSONANTS for v in VOWELS]  # 70
+NAME_MULTIPLIER = 1_000_003  # prime, coprime with 70**d: the id scramble is a bijection
+
+
+def relation_phrases(k: int) -> list[str]:
+    return [RELATION_PHRASES[i] if i < len(RELATION_PHRASES) else f"link {i} of" for i in range(k)]
+
+
+def node_names(n: int, rng: np.random.Generator) -> pa.Array:
+    """Unique capitalised pseudo-words: the digits of an affine scramble of the id, base 70, as syllables."""
+    base = len(SYLLABLES)
+    digits = max(3, math.ceil(math.log(max(n, 2), base)))
+    modulus = base**digits
+    offset = int(rng.integers(modulus))
+    code = (np.arange(n, dtype=np.int64) * NAME_MULTIPLIER + offset) % modulus
+    syllables = pa.array(SYLLABLES)
+    parts = []
+    for d in range(digits):
+        parts.append(syllables.take(pa.array((code // base**d) % base)))
+    word = pc.binary_join_element_wise(*parts, "")
+    return pc.utf8_capitalize(word)
+
+
+def check(cfg: SynthConfig) -> None:
+    problems = []
+    if cfg.nodes < 2:
+        problems.append("nodes must be at least 2")
+    if cfg.relations < 1:
+        problems.append("relations must be at least 1")
+    if cfg.max_path_length < 1:
+        problems.append("max-path-length must be at least 1")
+    if cfg.queries < 1:
+        problems.append("queries must be at least 1")
+    if not 0 <= cfg.multi_answer_frac <= 1:
+        problems.append("multi-answer-frac must be in [0, 1]")
+    if cfg.multi_answer_fanout < 2 and cfg.multi_answer_frac > 0:
+        problems.append("multi-answer-fanout must be at least 2")
+    if cfg.hubs < 0 or cfg.hubs > cfg.nodes or cfg.hub_degree < 0:
+        problems.append("hubs must be in 0..nodes and hub-degree >= 0")
+    if not (0 <= cfg.val_fraction and 0 <= cfg.test_fraction and cfg.val_fraction + cfg.test_fraction < 1):
+        problems.append("val and test fractions must be >= 0 and sum below 1")
+    if problems:
+        raise ConfigError("synth: " + "; ".join(problems))
+
+
+def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """The four store tables of a synthetic graph (see the module docstring)."""
+    check(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    n, k, big_l = cfg.nodes, cfg.relations, cfg.max_path_length
+    index_type = np.int32 if n < 2**31 else np.int64
+
+    kinds = np.array(KINDS, dtype=object)
+    kind = pa.array(kinds[rng.integers(len(KINDS), size=n)], pa.string())
+    names = node_names(n, rng)
+    nodes = pa.table(
+        {
+            "id": pa.array(np.arange(n, dtype=np.int64)),
+            "type": kind,
+            "name": names,
+            "text": pc.binary_join_element_wise(names, kind, ": a "),
+        }
+    )
+
+    # Definition B.1: sigma_r, one permutation per relation.
+    sigma = np.empty((k, n), dtype=index_type)
+    for r in range(k):
+        sigma[r] = rng.permutation(n)
+    phrases = relation_phrases(k)
+    rel_names, rel_texts, rel_inverse = list(phrases), list(phrases), [f"has {p.removesuffix(' of')}" for p in phrases]
+    src_parts = [np.tile(np.arange(n, dtype=np.int64), k)]
+    dst_parts = [sigma.reshape(-1).astype(np.int64)]
+    rel_parts = [np.repeat(np.arange(k, dtype=np.int32), n)]
+
+    multi_rel = -1
+    if cfg.multi_answer_frac > 0:
+        multi_rel = len(rel_names)
+        pi = np.empty((cfg.multi_answer_fanout, n), dtype=index_type)
+        for j in range(cfg.multi_answer_fanout):
+            pi[j] = rng.permutation(n)
+        # One edge per distinct associate: drop pi_j(u) that repeats an earlier pi_i(u).
+        repeated = np.zeros_like(pi, dtype=bool)
+        for j in range(1, pi.shape[0]):
+            repeated[j] = (pi[:j] == pi[j]).any(axis=0)
+        keep = ~repeated
+        src_parts.append(np.broadcast_to(np.arange(n, dtype=np.int64), pi.shape)[keep])
+        dst_parts.append(pi[keep].astype(np.int64))
+        rel_parts.append(np.full(int(keep.sum()), multi_rel, dtype=np.int32))
+        rel_names.append(MULTI_PHRASE)
+        rel_texts.append(MULTI_PHRASE)
+        rel_inverse.append("has associate")
+
+    if cfg.hubs > 0 and cfg.hub_degree > 0:
+        hub_rel = len(rel_names)
+        hubs = rng.choice(n, size=cfg.hubs, replace=False)
+        degree = min(cfg.hub_degree, n - 1)
+        # Distinct targets per hub without a per-hub loop: the top-`degree` of random keys per row.
+        if degree * 4 >= n:
+            keys = rng.random((cfg.hubs, n))
+            keys[np.arange(cfg.hubs), hubs] = 2.0  # never the hub itself
+            targets = np.argsort(keys, axis=1)[:, :degree]
+        else:
+            targets = rng.integers(n, size=(cfg.hubs, degree * 2))
+            targets = np.sort(targets, axis=1)
+            dup = np.zeros_like(targets, dtype=bool)
+            dup[:, 1:] = targets[:, 1:] == targets[:, :-1]
+            dup |= targets == hubs[:, None]
+            # Unique, non-self targets first, then take `degree` of them (2x oversampling is ample
+            # when degree << n; a shortfall only means a hub with slightly fewer extra edges).
+            order = np.argsort(dup, axis=1, kind="stable")
+            targets = np.take_along_axis(targets, order, axis=1)[:, :degree]
+            valid = ~np.take_along_axis(dup, order, axis=1)[:, :degree]
+            targets = np.where(valid, targets, -1)
+        hub_src = np.repeat(hubs.astype(np.int64), targets.shape[1])
+        hub_dst = targets.reshape(-1).astype(np.int64)
+        ok = hub_dst >= 0
+        src_parts.append(hub_src[ok])
+        dst_parts.append(hub_dst[ok])
+        rel_parts.append(np.full(int(ok.sum()), hub_rel, dtype=np.int32))
+        rel_names.append(HUB_NAME)
+        rel_texts.append(HUB_NAME)
+        rel_inverse.append("featured by")
+
+    edges = pa.table(
+        {"src": np.concatenate(src_parts), "dst": np.concatenate(dst_parts), "relation": np.concatenate(rel_parts)}
+    )
+    relations = pa.table(
+        {
+            "id": pa.array(np.arange(len(rel_names), dtype=np.int32)),
+            "name": [r.replace(" ", "_") for r in rel_names],
+            "text": rel_texts,
+            "inverse_text": rel_inverse,
+        }
+    )
+
+    # Queries: start node, length, relation sequence; the last hop of a multi-answer query is `associate of`.
+    q = cfg.queries
+    start = rng.integers(n, size=q)
+    length = rng.integers(1, big_l + 1, size=q)
+    path = rng.integers(k, size=(q, big_l)).astype(np.int32)
+    multi = (rng.random(q) < cfg.multi_answer_frac) if multi_rel >= 0 else np.zeros(q, dtype=bool)
+    rows = np.arange(q)
+    path[rows[multi], length[multi] - 1] = multi_rel
+    path[np.arange(big_l)[None, :] >= length[:, None]] = -1
+
+    current = start.astype(np.int64)
+    for hop in range(big_l):
+        step = path[:, hop]
+        follow = (step >= 0) & (step != multi_rel)
+        current[follow] = sigma[step[follow], current[follow]]
+    single_answers = current[:, None]
+    if multi.any():
+        associates = pi[:, current].T.astype(np.int64)  # [q, c]
+        associates = np.sort(associates, axis=1)
+        distinct = np.ones_like(associates, dtype=bool)
+        distinct[:, 1:] = associates[:, 1:] != associates[:, :-1]
+        counts = np.where(multi, distinct.sum(axis=1), 1)
+        flat = np.where(multi[:, None], associates, np.where(np.arange(associates.shape[1]) == 0, single_answers, -1))
+        flat = flat[np.where(multi[:, None], distinct, np.arange(associates.shape[1])[None, :] == 0)]
+    else:
+        counts = np.ones(q, dtype=np.int64)
+        flat = current
+    offsets = np.zeros(q + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    answers = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int64()))
+
+    # Text, last hop first: "What is the capital of the mentor of Bakilo?"
+    phrase_table = pa.array(rel_texts + [""], pa.string())
+    pieces = [pc.if_else(pa.array(multi), "Which entities are ", "What is ")]
+    for hop in range(big_l - 1, -1, -1):
+        step = path[:, hop]
+        phrase = phrase_table.take(pa.array(np.where(step >= 0, step, len(rel_texts))))
+        pieces.append(pc.if_else(pa.array(step >= 0), pc.binary_join_element_wise("the ", phrase, " ", ""), ""))
+    pieces.append(names.take(pa.array(start)))
+    pieces.append(pa.scalar("?"))
+    text = pc.binary_join_element_wise(*pieces, "")
+
+    u = rng.random(q)
+    split = np.where(u < cfg.test_fraction, "test", np.where(u < cfg.test_fraction + cfg.val_fraction, "val", "train"))
+    path_offsets = np.zeros(q + 1, dtype=np.int32)
+    np.cumsum(length, out=path_offsets[1:])
+    queries = pa.table(
+        {
+            "id": pa.array(np.arange(q, dtype=np.int64)),
+            "text": text,
+            "answers": answers,
+            "split": pa.array(split, pa.string()),
+            "hop": pa.array(length.astype(np.int64)),
+            "start": pa.array(start.astype(np.int64)),
+            "path": pa.ListArray.from_arrays(pa.array(path_offsets), pa.array(path[path >= 0], pa.int32())),
+            "multi_answer": pa.array(multi),
+        }
+    )
+    return nodes, relations, edges, queries
+
+
+def synthesize(cfg: SynthConfig, out: str | Path, overwrite: bool = False) -> dict[str, Any]:
+    """Generate and write a synthetic dataset; returns timings and counts (also in the manifest)."""
+    t0 = time.perf_counter()
+    progress(f"synth: generating {cfg.nodes:,} nodes x {cfg.relations} relations, {cfg.queries:,} queries")
+    nodes, relations, edges, queries = generate(cfg)
+    t1 = time.perf_counter()
+    progress(f"synth: {edges.num_rows:,} edges generated in {t1 - t0:.1f}s; writing {out}")
+    source = {"format": "synth", "config": dataclasses.asdict(cfg)}
+    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
+    t2 = time.perf_counter()
+    progress(f"synth: wrote {out} (validate + Parquet + CSR) in {t2 - t1:.1f}s")
+    return {"generate_s": t1 - t0, "write_s": t2 - t1, "nodes": nodes.num_rows, "edges": edges.num_rows}
+
+
+def load_synth_config(path: str | Path | None, overrides: dict[str, Any]) -> SynthConfig:
+    """Defaults, then a YAML file of SynthConfig fields (e.g. configs/synth_default.yaml), then flags."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"synth config {path} does not exist")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"synth config {path} must be a mapping of SynthConfig fields")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return from_dict(SynthConfig, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}" + (f" in {path}" if path else "")) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(SynthConfig)}
+    cfg = load_synth_config(args.config, overrides)
+    synthesize(cfg, args.out, overwrite=args.overwrite)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "synth", help="write a synthetic relation-tracing graph (paper, Definition B.1) as a dataset directory"
+    )
+    parser.add_argument("--out", required=True, help="dataset directory to create")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    parser.add_argument("--config", help="YAML file of synth parameters (e.g. configs/synth_default.yaml)")
+    from seeder.config import field_docs
+
+    docs = field_docs(SynthConfig)
+    for f in dataclasses.fields(SynthConfig):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, type={"int": int, "float": float}[str(f.type)],
+            default=None, help=f"{docs.get(f.name, '')} (default {f.default})",
+        )
+    parser.set_defaults(func=_run)
