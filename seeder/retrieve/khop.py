@@ -1,0 +1,426 @@
+"""K-HOP-WITH-FILTERING (paper, Section 3): each query's bounded candidate subgraph.
+
+Starting from the seeds (hop 0, scored by their cosine to the query), each hop h = 1..K scores the
+one-hop frontier of the nodes selected so far, over both edge directions (inverse relations are
+their own ids ``r + R`` in the CSR), with
+
+    score(u) = w1 sim(q,u) + max over edges (v -r-> u), v selected, of [w2 sim(q,v) + w3 sim(q,r)]
+
+and keeps the best ``keep_per_hop[h-1]`` nodes not selected yet (ties: smaller node id), never more
+than ``budget`` nodes in total. The output keeps ids, scores and the induced edges, never embeddings.
+
+Everything is vectorised over a batch of queries: (query, node) pairs live in flat arrays with keys
+``query * N + node``; CSR slices are gathered with repeat/cumsum offsets; the max over incoming edges
+is a sort plus ``np.maximum.reduceat``; per-query top-b is a lexsort on (query, -score, id). Only
+the hops are a Python loop.
+
+Work caps, so that a hub costs no more than the cap:
+
+- ``neighbor_cap``: of a node with more neighbours, a fixed-stride sample is scored: positions
+  ``floor(j * degree / neighbor_cap)`` for ``j < neighbor_cap`` within its CSR slice (out-edges
+  first, then in-edges, as stored). Deterministic and spread over the whole slice.
+- ``candidate_cap``: per hop and query, edges are taken from the best source nodes first (sources
+  in selection order) until the cap, so the weakest sources lose edges first; a source cut short
+  keeps a prefix of its stride sample.
+
+The max over the selected set is kept exact across hops without re-reading old sources: candidates
+not selected at hop h carry their best edge term to hop h+1, where only edges out of the nodes
+added at hop h are new (max over S_h = max(max over S_{h-1}, max over the new nodes)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seeder.config import ConfigError, ExpandConfig, SeederConfig
+from seeder.io import DataError
+from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.registry import register
+from seeder.subgraphs import SubgraphSet, _offsets
+
+HEAVY_DEGREE = 256
+"""Nodes with a larger degree are not scanned when collecting induced edges: their edges to other
+selected nodes are looked up in a small sorted index instead (see ``GraphIndex``)."""
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated ``arange(starts[i], starts[i] + lengths[i])``; also which range each entry is from."""
+    owner = np.repeat(np.arange(len(starts)), lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return starts[owner] + within, owner
+
+
+def _group_rank(sorted_groups: np.ndarray) -> np.ndarray:
+    """Position of each element within its run of equal values (input sorted by group)."""
+    n = len(sorted_groups)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.ones(n, dtype=bool)
+    first[1:] = sorted_groups[1:] != sorted_groups[:-1]
+    starts = np.flatnonzero(first)
+    return np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+
+
+def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found mask, position) of ``keys`` in ``sorted_keys``."""
+    if len(sorted_keys) == 0:
+        return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[pos] == keys, pos
+
+
+def _row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", a, b)
+
+
+@dataclass
+class GraphIndex:
+    """The CSR arrays plus a sorted index of heavy nodes' out-edges, built once per expansion run.
+
+    Induced edges are found by scanning the CSR slice of every light selected node (degree <=
+    ``HEAVY_DEGREE``): its out-edges to selected nodes, and its in-edges from selected heavy nodes.
+    Edges between two heavy nodes come from ``heavy_keys`` (heavy rank * N + out-neighbour, sorted),
+    so a hub in a subgraph costs a binary search per selected heavy pair, not a scan of its slice.
+    """
+
+    indptr: np.ndarray
+    neighbors: np.ndarray
+    relations: np.ndarray
+    num_nodes: int
+    num_relations: int
+    heavy_nodes: np.ndarray  # sorted ids of nodes with degree > HEAVY_DEGREE
+    heavy_keys: np.ndarray  # int64, sorted
+    heavy_rel: np.ndarray  # int32, relation of each heavy_keys entry
+
+    @classmethod
+    def build(cls, kg, heavy_degree: int = HEAVY_DEGREE) -> "GraphIndex":
+        indptr = np.asarray(kg.indptr)
+        num_nodes = kg.num_nodes
+        degree = np.diff(indptr)
+        heavy = np.flatnonzero(degree > heavy_degree)
+        pos, owner = _ranges(indptr[heavy], degree[heavy])
+        rel = np.asarray(kg.edge_relations[pos])
+        out = rel < kg.num_relations
+        keys = owner[out].astype(np.int64) * num_nodes + np.asarray(kg.neighbors[pos[out]], dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        return cls(
+            indptr=indptr,
+            neighbors=kg.neighbors,
+            relations=kg.edge_relations,
+            num_nodes=num_nodes,
+            num_relations=kg.num_relations,
+            heavy_nodes=heavy,
+            heavy_keys=keys[order],
+            heavy_rel=rel[out][order].astype(np.int32),
+        )
+
+    def is_heavy(self, nodes: np.ndarray) -> np.ndarray:
+        return _lookup(self.heavy_nodes, nodes)[0]
+
+
+def _check_config(cfg: ExpandConfig) -> None:
+    if cfg.hops < 0 or len(cfg.keep_per_hop) != cfg.hops:
+        raise ConfigError(
+            f"expand.keep_per_hop has {len(cfg.keep_per_hop)} entries but expand.hops={cfg.hops}; give one per hop"
+        )
+    if len(cfg.weights) != 3:
+        raise ConfigError(f"expand.weights needs 3 values (w1 sim(q,u), w2 sim(q,v), w3 sim(q,r)), got {cfg.weights}")
+    if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
+        raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
+
+
+def expand_batch(
+    graph: GraphIndex,
+    node_features: np.ndarray,
+    relation_features: np.ndarray,
+    query_features: np.ndarray,
+    seeds: np.ndarray,
+    cfg: ExpandConfig,
+) -> dict[str, np.ndarray]:
+    """K-HOP-WITH-FILTERING for one batch of queries.
+
+    Returns flat arrays ordered by (query row, selection order): ``query`` (row in the batch),
+    ``nodes``, ``hop``, ``score``, ``node_ptr`` [Qb+1], and the induced edges ``edge_ptr``,
+    ``edge_src``/``edge_dst`` (local indices) and ``edge_rel`` (base relation).
+    """
+    n = graph.num_nodes
+    w1, w2, w3 = (np.float32(w) for w in cfg.weights)
+    num_q = len(query_features)
+    query_features = np.asarray(query_features, dtype=np.float32)
+    rel_sims = query_features @ np.asarray(relation_features, dtype=np.float32).T  # [Qb, 2R]
+
+    # Hop 0: the seeds, de-duplicated per query (first occurrence wins), at most `budget`.
+    q, col = np.nonzero(seeds >= 0)
+    seed_ids = seeds[q, col].astype(np.int64)
+    if len(seed_ids) and (seed_ids.max() >= n):
+        raise DataError(f"seed id {int(seed_ids.max())} is not a node of the graph (N={n}); recompute the seeds")
+    order = np.lexsort((col, seed_ids, q))
+    keys = q[order] * n + seed_ids[order]
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    order = np.sort(order[first])  # back to (query, column) order
+    q, seed_ids = q[order], seed_ids[order]
+    keep = _group_rank(q) < cfg.budget
+    q, seed_ids = q[keep], seed_ids[keep]
+    sims = _row_dot(np.asarray(node_features[seed_ids], dtype=np.float32), query_features[q])
+    sel_q, sel_node, sel_hop, sel_score, sel_sim = [q], [seed_ids], [np.zeros(len(q), np.int8)], [sims], [sims]
+    sel_count = np.bincount(q, minlength=num_q)
+    selected_keys = np.sort(q * n + seed_ids)
+
+    src_q, src_node, src_sim = q, seed_ids, sims  # sources of the next hop: the newest nodes
+    carry_keys = np.zeros(0, np.int64)  # candidates seen but not selected, sorted by key
+    carry_edge = np.zeros(0, np.float32)  # their best w2 sim(q,v) + w3 sim(q,r) so far
+    carry_sim = np.zeros(0, np.float32)  # their sim(q,u)
+    for h in range(1, cfg.hops + 1):
+        # Gather capped CSR slices of the sources (sources sorted by query, best first).
+        start = graph.indptr[src_node]
+        degree = graph.indptr[src_node + 1] - start
+        sample = np.minimum(degree, cfg.neighbor_cap)
+        before = np.cumsum(sample) - sample
+        within_query = before - before[np.searchsorted(src_q, src_q)]
+        # The candidate cap keeps a prefix of each node's sample, so a node's sample never depends
+        # on the other sources.
+        take = np.clip(np.minimum(sample, cfg.candidate_cap - within_query), 0, None)
+        j, owner = _ranges(np.zeros(len(take), np.int64), take)
+        pos = start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1)
+        nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
+        rel = np.asarray(graph.relations[pos], dtype=np.int64)
+        eq = src_q[owner]
+        edge_term = w2 * src_sim[owner] + w3 * rel_sims[eq, rel]
+        cand_keys = eq * n + nbr
+        fresh = ~_lookup(selected_keys, cand_keys)[0]
+        # Max over incoming (v, r) per (query, node), merged with the carried candidates.
+        all_keys = np.concatenate([carry_keys, cand_keys[fresh]])
+        all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
+        order = np.argsort(all_keys, kind="stable")
+        all_keys, all_edge = all_keys[order], all_edge[order]
+        if len(all_keys) == 0:
+            break
+        first = np.ones(len(all_keys), dtype=bool)
+        first[1:] = all_keys[1:] != all_keys[:-1]
+        starts = np.flatnonzero(first)
+        ukeys = all_keys[starts]
+        best_edge = np.maximum.reduceat(all_edge, starts)
+        uq, unode = ukeys // n, ukeys % n
+        known, where = _lookup(carry_keys, ukeys)
+        usim = np.empty(len(ukeys), dtype=np.float32)
+        usim[known] = carry_sim[where[known]]
+        new = ~known
+        usim[new] = _row_dot(np.asarray(node_features[unode[new]], dtype=np.float32), query_features[uq[new]])
+        score = w1 * usim + best_edge
+        # Per-query top b_h by (score desc, id asc), within the remaining budget.
+        rank_order = np.lexsort((unode, -score, uq))
+        rank = _group_rank(uq[rank_order])
+        limit = np.minimum(cfg.keep_per_hop[h - 1], cfg.budget - sel_count)
+        chosen = rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
+        sel_q.append(uq[chosen]), sel_node.append(unode[chosen])
+        sel_hop.append(np.full(len(chosen), h, np.int8)), sel_score.append(score[chosen]), sel_sim.append(usim[chosen])
+        sel_count += np.bincount(uq[chosen], minlength=num_q)
+        selected_keys = np.sort(np.concatenate([selected_keys, ukeys[chosen]]))
+        rest = np.ones(len(ukeys), dtype=bool)
+        rest[chosen] = False
+        carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
+        src_q, src_node, src_sim = uq[chosen], unode[chosen], usim[chosen]
+
+    q = np.concatenate(sel_q)
+    order = np.argsort(q, kind="stable")  # by query; hops and best-first order kept within
+    out = {
+        "query": q[order],
+        "nodes": np.concatenate(sel_node)[order],
+        "hop": np.concatenate(sel_hop)[order],
+        "score": np.concatenate(sel_score)[order].astype(np.float32),
+    }
+    out["node_ptr"] = _offsets(np.bincount(out["query"], minlength=num_q))
+    out.update(induced_edges(graph, out["query"], out["nodes"], out["node_ptr"]))
+    return out
+
+
+def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_ptr: np.ndarray) -> dict[str, np.ndarray]:
+    """Every directed KG edge among each query's selected nodes, once, as local indices + base relation."""
+    n, num_rel = graph.num_nodes, graph.num_relations
+    num_q = len(node_ptr) - 1
+    local = np.arange(len(nodes)) - node_ptr[query]
+    sel_keys = query * n + nodes
+    key_order = np.argsort(sel_keys)
+    sorted_keys, sorted_local = sel_keys[key_order], local[key_order]
+    heavy = graph.is_heavy(nodes)
+
+    # Light nodes: scan their slices.
+    light = np.flatnonzero(~heavy)
+    start = graph.indptr[nodes[light]]
+    pos, owner = _ranges(start, graph.indptr[nodes[light] + 1] - start)
+    nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
+    rel = np.asarray(graph.relations[pos], dtype=np.int64)
+    eq = query[light][owner]
+    found, where = _lookup(sorted_keys, eq * n + nbr)
+    other_local = sorted_local[where]
+    out_edge = found & (rel < num_rel)
+    in_from_heavy = found & (rel >= num_rel) & graph.is_heavy(nbr)
+    this_local = local[light][owner]
+    parts = [
+        (eq[out_edge], this_local[out_edge], other_local[out_edge], rel[out_edge]),
+        (eq[in_from_heavy], other_local[in_from_heavy], this_local[in_from_heavy], rel[in_from_heavy] - num_rel),
+    ]
+
+    # Heavy -> heavy: every ordered pair of a query's heavy nodes (self-loops included), looked up.
+    hv = np.flatnonzero(heavy)
+    if len(hv):
+        hq = query[hv]
+        counts = np.bincount(hq, minlength=num_q)
+        hptr = _offsets(counts)
+        per = counts[hq]
+        a_idx, a_owner = _ranges(np.zeros(len(hv), np.int64), per)  # partner index within the query
+        a = hv[a_owner]
+        b = hv[hptr[hq[a_owner]] + a_idx]
+        rank_a = np.searchsorted(graph.heavy_nodes, nodes[a])
+        lookup = rank_a * n + nodes[b]
+        lo = np.searchsorted(graph.heavy_keys, lookup, side="left")
+        hi = np.searchsorted(graph.heavy_keys, lookup, side="right")
+        epos, eowner = _ranges(lo, hi - lo)
+        parts.append((query[a][eowner], local[a][eowner], local[b][eowner], graph.heavy_rel[epos].astype(np.int64)))
+
+    eq, src, dst, rel = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    # One row per distinct (query, src, dst, relation), sorted: duplicate KG edges collapse.
+    order = np.lexsort((rel, dst, src, eq))
+    eq, src, dst, rel = eq[order], src[order], dst[order], rel[order]
+    first = np.ones(len(eq), dtype=bool)
+    first[1:] = (np.diff(eq) != 0) | (np.diff(src) != 0) | (np.diff(dst) != 0) | (np.diff(rel) != 0)
+    eq, src, dst, rel = eq[first], src[first], dst[first], rel[first]
+    return {
+        "edge_ptr": _offsets(np.bincount(eq, minlength=num_q)),
+        "edge_src": src.astype(np.int32),
+        "edge_dst": dst.astype(np.int32),
+        "edge_rel": rel.astype(np.int32),
+    }
+
+
+def expand_queries(
+    kg,
+    node_features: np.ndarray,
+    relation_features: np.ndarray,
+    query_features: np.ndarray,
+    seeds: np.ndarray,
+    seed_scores: np.ndarray,
+    expand_config: ExpandConfig,
+    query_ids: np.ndarray,
+    splits: np.ndarray,
+    answer_ptr: np.ndarray,
+    answers: np.ndarray,
+    graph: GraphIndex | None = None,
+    progress=None,
+) -> SubgraphSet:
+    """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
+
+    ``seeds`` is [Q, k0] padded with -1. Hop-0 scores are the seeds' cosines to the query, recomputed
+    from the features (``seed_scores`` may hold NaN for entity-linked seeds; it is not trusted).
+    Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
+    batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls.
+    """
+    _check_config(expand_config)
+    seeds = np.asarray(seeds, dtype=np.int64)
+    num_q = len(query_ids)
+    if seeds.ndim != 2 or len(seeds) != num_q or len(query_features) != num_q or len(answer_ptr) != num_q + 1:
+        raise ValueError(
+            f"expand_queries: seeds {seeds.shape}, query_features {len(query_features)} rows and answer_ptr "
+            f"{len(answer_ptr)} entries do not match {num_q} query ids"
+        )
+    if len(relation_features) != 2 * kg.num_relations:
+        raise DataError(
+            f"relation features have {len(relation_features)} rows, expected 2R = {2 * kg.num_relations} "
+            "(base relations, then inverses); recompute the features stage"
+        )
+    graph = graph or GraphIndex.build(kg)
+    answer_ptr = np.asarray(answer_ptr, dtype=np.int64)
+    answers = np.asarray(answers, dtype=np.int64)
+    chunks = []
+    step = max(expand_config.batch_queries, 1)
+    for lo in range(0, num_q, step):
+        hi = min(lo + step, num_q)
+        chunks.append(
+            expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config)
+        )
+        if progress is not None:
+            progress(hi)
+
+    def cat(name: str, dtype) -> np.ndarray:
+        return np.concatenate([c[name] for c in chunks]).astype(dtype) if chunks else np.zeros(0, dtype)
+
+    def cat_ptr(name: str) -> np.ndarray:
+        return _offsets(np.concatenate([np.diff(c[name]) for c in chunks]) if chunks else np.zeros(0, np.int64))
+
+    node_ptr = cat_ptr("node_ptr")
+    nodes = cat("nodes", np.int64)
+    query_of_node = np.repeat(np.arange(num_q), np.diff(node_ptr))
+    answer_keys = np.unique(np.repeat(np.arange(num_q), np.diff(answer_ptr)) * kg.num_nodes + answers)
+    return SubgraphSet(
+        query_ids=np.asarray(query_ids, dtype=np.int64),
+        splits=np.asarray(splits, dtype=object),
+        node_ptr=node_ptr,
+        nodes=nodes,
+        hop=cat("hop", np.int8),
+        score=cat("score", np.float32),
+        is_answer=_lookup(answer_keys, query_of_node * kg.num_nodes + nodes)[0],
+        edge_ptr=cat_ptr("edge_ptr"),
+        edge_src=cat("edge_src", np.int32),
+        edge_dst=cat("edge_dst", np.int32),
+        edge_rel=cat("edge_rel", np.int32),
+        answer_ptr=answer_ptr,
+        answers=answers,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The K-HOP-W-FILTER reference retriever
+
+
+def khop_ranking(subgraphs: SubgraphSet, dense_ids: np.ndarray, length: int) -> RetrievalResult:
+    """Rank each subgraph by filter score (ties: smaller id), then continue with the dense order of
+    the nodes outside it, up to ``length`` entries; the retrieved set is the subgraph.
+
+    ``dense_ids`` [Q, L'] is the dense ranking; with L' >= length + budget the rows are always full
+    (as far as the graph has nodes).
+    """
+    num_q = len(subgraphs)
+    owner = np.repeat(np.arange(num_q), subgraphs.sizes)
+    order = np.lexsort((subgraphs.nodes, -subgraphs.score, owner))
+    sub_q, sub_nodes = owner[order], subgraphs.nodes[order]
+    sub_prio = _group_rank(sub_q)
+    dq, dcol = np.nonzero(dense_ids >= 0)
+    d_nodes = dense_ids[dq, dcol]
+    base = int(max(d_nodes.max(initial=-1), sub_nodes.max(initial=-1))) + 1
+    outside = ~_lookup(np.sort(sub_q * base + sub_nodes), dq * base + d_nodes)[0]
+    q = np.concatenate([sub_q, dq[outside]])
+    prio = np.concatenate([sub_prio, dcol[outside] + base])  # subgraph first, then dense order
+    nodes = np.concatenate([sub_nodes, d_nodes[outside]])
+    order = np.lexsort((prio, q))
+    q, nodes = q[order], nodes[order]
+    rank = _group_rank(q)
+    keep = rank < length
+    ranking = np.full((num_q, length), -1, dtype=np.int64)
+    ranking[q[keep], rank[keep]] = nodes[keep]
+    return RetrievalResult(
+        query_ids=subgraphs.query_ids.copy(),
+        ranking=ranking,
+        set_size=np.minimum(subgraphs.sizes, length).astype(np.int64),
+    )
+
+
+@dataclass
+class KHopRetriever:
+    node_features: np.ndarray
+    config: SeederConfig
+
+    def retrieve(self, subgraphs: SubgraphSet, query_features: np.ndarray) -> RetrievalResult:
+        from seeder.retrieve.dense import dense_ranking, ranking_length
+
+        length = ranking_length(self.config)
+        width = length + int(subgraphs.sizes.max(initial=0))
+        dense_ids = dense_ranking(query_features, self.node_features, width, self.config)
+        return khop_ranking(subgraphs, dense_ids, length)
+
+
+@register("khop")
+def build_khop(artifacts, config: SeederConfig, model: str | None = None) -> KHopRetriever:
+    return KHopRetriever(node_features=artifacts.node_features, config=config)

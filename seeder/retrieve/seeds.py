@@ -1,0 +1,238 @@
+"""Seeding (paper, Section 3): the nodes each query's expansion starts from.
+
+Two sources of seeds:
+
+- dense: the top-k0 nodes by cosine to the query, computed exactly in blocks (queries x nodes) with a
+  running top-k, so memory stays bounded at millions of nodes and ties break by node id;
+- entity linking (optional): node names mentioned verbatim in the query text, after case and
+  punctuation normalisation, longest mention first.
+
+``select_seeds`` combines them per ``seed.strategy``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seeder.config import ConfigError, SeedConfig
+
+STRATEGIES = ("dense", "entity", "dense+entity")
+MAX_NGRAM = 12
+"""Longest name, in tokens, that entity linking looks for (longer names are ignored)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exact blocked top-k
+
+
+def _block_topk(scores: np.ndarray, k: int, first_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k columns of each row of ``scores`` with ties at the k-th value broken by smallest id.
+
+    argpartition alone picks an arbitrary subset of tied values; instead we take every value above
+    the k-th largest and then the lowest-id ties, so the result does not depend on the block layout.
+    Returned columns are in ascending id order (not sorted by score).
+    """
+    rows, width = scores.shape
+    if k >= width:
+        ids = np.broadcast_to(np.arange(width, dtype=np.int64) + first_id, (rows, width))
+        return ids.copy(), scores.copy()
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+    above = scores > kth[:, None]
+    tied = scores == kth[:, None]
+    need = k - above.sum(axis=1)
+    keep = above | (tied & (np.cumsum(tied, axis=1) <= need[:, None]))
+    row_idx, col_idx = np.nonzero(keep)  # row-major: exactly k per row, columns ascending
+    cols = col_idx.reshape(rows, k)
+    return cols.astype(np.int64) + first_id, np.take_along_axis(scores, cols, axis=1)
+
+
+def _merge_topk(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best k per row by (score descending, id ascending); padding (-1, -inf) sorts last."""
+    pad = ids < 0
+    order = np.lexsort((np.where(pad, np.iinfo(np.int64).max, ids), -scores), axis=-1)[:, :k]
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def dense_seeds(
+    query_features: np.ndarray,
+    node_features: np.ndarray,
+    k0: int,
+    block_nodes: int = 131_072,
+    block_queries: int = 512,
+    progress=None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k0`` nodes by cosine for every query: (ids int64 [Q, k0], scores float32 [Q, k0]).
+
+    Features are L2-normalised, so the dot product is the cosine. Rows are best first, ties broken by
+    the smaller node id; with fewer than k0 nodes the rest is padded with id -1 and score -inf.
+    ``node_features`` may be a memmap: it is read one block of ``block_nodes`` rows at a time, and at
+    most ``block_queries x block_nodes`` scores exist at once. ``progress(done_queries)`` is called
+    after each query block.
+    """
+    if k0 < 1:
+        raise ConfigError(f"seed.k0 must be at least 1, got {k0}")
+    if block_nodes < 1 or block_queries < 1:
+        raise ConfigError("seed.block_nodes and seed.block_queries must be positive")
+    query_features = np.asarray(query_features, dtype=np.float32)
+    num_queries, num_nodes = len(query_features), len(node_features)
+    if num_nodes and query_features.shape[1] != node_features.shape[1]:
+        raise ValueError(
+            f"query features have dimension {query_features.shape[1]} but node features {node_features.shape[1]}"
+        )
+    out_ids = np.full((num_queries, k0), -1, dtype=np.int64)
+    out_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
+    for q_start in range(0, num_queries, block_queries):
+        queries = query_features[q_start : q_start + block_queries]
+        best_ids = np.full((len(queries), k0), -1, dtype=np.int64)
+        best_scores = np.full((len(queries), k0), -np.inf, dtype=np.float32)
+        for n_start in range(0, num_nodes, block_nodes):
+            block = np.asarray(node_features[n_start : n_start + block_nodes], dtype=np.float32)
+            ids, scores = _block_topk(queries @ block.T, k0, n_start)
+            best_ids, best_scores = _merge_topk(
+                np.concatenate([best_ids, ids], axis=1), np.concatenate([best_scores, scores], axis=1), k0
+            )
+        out_ids[q_start : q_start + len(queries)] = best_ids
+        out_scores[q_start : q_start + len(queries)] = best_scores
+        if progress is not None:
+            progress(q_start + len(queries))
+    return out_ids, out_scores
+
+
+def row_cosines(query_features: np.ndarray, node_features: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """cos(query ``rows[i]``, node ``ids[i]``) for flat pairs (float32)."""
+    if len(ids) == 0:
+        return np.zeros(0, dtype=np.float32)
+    order = np.argsort(ids, kind="stable")  # sorted reads are kinder to a memmap
+    nodes = np.asarray(node_features[ids[order]], dtype=np.float32)
+    out = np.empty(len(ids), dtype=np.float32)
+    out[order] = np.einsum("ij,ij->i", nodes, np.asarray(query_features, dtype=np.float32)[rows[order]])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entity linking
+
+
+def normalise_texts(texts: list[str] | pa.Array) -> pa.Array:
+    """Lower case, every run of non-letters/digits turned into one space, trimmed."""
+    arr = pa.array(texts, type=pa.string()) if not isinstance(texts, (pa.Array, pa.ChunkedArray)) else texts
+    arr = pc.utf8_lower(arr.fill_null(""))
+    arr = pc.replace_substring_regex(arr, pattern=r"[^\pL\pN]+", replacement=" ")
+    return pc.utf8_trim_whitespace(arr)
+
+
+class EntityLinker:
+    """Finds node names mentioned in plain query text (exact match after normalisation).
+
+    Built once per graph: node names are normalised with Arrow kernels, names shorter than
+    ``seed.entity_min_chars`` (or longer than ``MAX_NGRAM`` tokens) are dropped, and a dict maps each
+    distinct normalised name to a slice of node ids (several nodes may share a name; they come in id
+    order). A query then looks up its word n-grams, longest first.
+    """
+
+    def __init__(self, kg, seed_config: SeedConfig):
+        self.max_entities = seed_config.entity_max
+        names = normalise_texts(kg.nodes.column("name"))
+        lengths = pc.utf8_length(names).to_numpy(zero_copy_only=False)
+        tokens = pc.list_value_length(pc.split_pattern(names, " ")).to_numpy(zero_copy_only=False)
+        usable = (lengths >= max(seed_config.entity_min_chars, 1)) & (tokens <= MAX_NGRAM)
+        node_ids = np.flatnonzero(usable)
+        encoded = pc.dictionary_encode(names.filter(pa.array(usable))).combine_chunks()
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        self.node_ids = node_ids[order].astype(np.int64)
+        counts = np.bincount(codes, minlength=len(encoded.dictionary))
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))
+        self.max_tokens = int(tokens[usable].max()) if usable.any() else 0
+
+    def link(self, texts: list[str]) -> list[np.ndarray]:
+        """Per text, the node ids of the names it mentions: longest mention first, then left to right;
+        mentions never overlap; at most ``seed.entity_max`` ids (empty when nothing matches)."""
+        out = []
+        for text in normalise_texts(texts).to_pylist():
+            words = text.split()
+            used = np.zeros(len(words), dtype=bool)
+            found: list[int] = []
+            for n in range(min(self.max_tokens, len(words)), 0, -1):
+                for start in range(len(words) - n + 1):
+                    if used[start : start + n].any():
+                        continue
+                    hit = self.slices.get(" ".join(words[start : start + n]))
+                    if hit is None:
+                        continue
+                    used[start : start + n] = True
+                    found.extend(self.node_ids[hit[0] : hit[1]].tolist())
+                if len(found) >= self.max_entities:
+                    break
+            ids = np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities]
+            out.append(ids)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Combining
+
+
+def select_seeds(
+    seed_config: SeedConfig,
+    dense_ids: np.ndarray,
+    dense_scores: np.ndarray,
+    linked: list[np.ndarray] | None,
+    query_features: np.ndarray | None = None,
+    node_features: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeds per ``seed.strategy``: (ids int64 [Q, k0] padded -1, scores float32 padded -inf).
+
+    ``dense`` keeps the dense seeds; ``entity`` keeps only entity-linked nodes (a query with no
+    mention gets no seeds); ``dense+entity`` puts entity-linked nodes first, then dense seeds up to
+    k0, without duplicates. An entity-linked seed's score is its cosine to the query when
+    ``query_features`` and ``node_features`` are given, else NaN (K-HOP-WITH-FILTERING recomputes
+    seed cosines itself, so only the stored score is affected).
+    """
+    strategy = seed_config.strategy
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"seed.strategy={strategy!r}; use one of {', '.join(STRATEGIES)}")
+    k0 = seed_config.k0
+    dense_ids = np.asarray(dense_ids, dtype=np.int64)
+    num_queries = len(dense_ids)
+    if strategy != "dense" and linked is None:
+        raise ConfigError(f"seed.strategy={strategy!r} needs entity-linked seeds; build an EntityLinker")
+    # Flat candidates (query, priority, id, score): linked ones first, then the dense row.
+    parts_q, parts_p, parts_id, parts_s = [], [], [], []
+    if strategy != "dense":
+        lengths = np.asarray([len(x) for x in linked], dtype=np.int64)
+        if len(lengths) != num_queries:
+            raise ValueError(f"{len(lengths)} linked-seed lists for {num_queries} queries")
+        flat = np.concatenate(linked).astype(np.int64) if lengths.sum() else np.zeros(0, np.int64)
+        q = np.repeat(np.arange(num_queries), lengths)
+        within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        if query_features is not None and node_features is not None:
+            scores = row_cosines(query_features, node_features, q, flat)
+        else:
+            scores = np.full(len(flat), np.nan, dtype=np.float32)
+        parts_q.append(q), parts_p.append(within), parts_id.append(flat), parts_s.append(scores)
+    if strategy != "entity":
+        valid = dense_ids >= 0
+        q, col = np.nonzero(valid)
+        parts_q.append(q), parts_p.append(col + 10**6), parts_id.append(dense_ids[valid])
+        parts_s.append(np.asarray(dense_scores, dtype=np.float32)[valid])
+    q, prio, ids, scores = (np.concatenate(p) for p in (parts_q, parts_p, parts_id, parts_s))
+    # Drop repeats of (query, id), keeping the highest-priority occurrence.
+    order = np.lexsort((prio, ids, q))
+    q, prio, ids, scores = q[order], prio[order], ids[order], scores[order]
+    first = np.ones(len(q), dtype=bool)
+    first[1:] = (q[1:] != q[:-1]) | (ids[1:] != ids[:-1])
+    q, prio, ids, scores = q[first], prio[first], ids[first], scores[first]
+    order = np.lexsort((prio, q))
+    q, ids, scores = q[order], ids[order], scores[order]
+    starts = np.searchsorted(q, np.arange(num_queries))
+    rank = np.arange(len(q)) - starts[q]
+    keep = rank < k0
+    out_ids = np.full((num_queries, k0), -1, dtype=np.int64)
+    out_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
+    out_ids[q[keep], rank[keep]] = ids[keep]
+    out_scores[q[keep], rank[keep]] = scores[keep]
+    return out_ids, out_scores

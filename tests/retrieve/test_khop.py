@@ -1,0 +1,142 @@
+"""K-HOP-WITH-FILTERING against a brute-force reference, induced edges, caps and budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from seeder.config import ConfigError, ExpandConfig
+from seeder.retrieve.khop import GraphIndex, expand_queries
+
+from .conftest import make_graph, normalised
+
+
+def reference_expand(kg, nf, rf, qf, seeds, cfg):
+    """Per query, the method written as plainly as possible: scan every edge of every selected node."""
+    indptr, nbrs, rels = np.asarray(kg.indptr), np.asarray(kg.neighbors), np.asarray(kg.edge_relations)
+    w1, w2, w3 = cfg.weights
+    out = []
+    for q in range(len(qf)):
+        sim = lambda u: float(np.dot(nf[u].astype(np.float64), qf[q]))  # noqa: E731
+        nodes, hops, scores = [], [], []
+        for s in seeds[q]:
+            if s >= 0 and s not in nodes and len(nodes) < cfg.budget:
+                nodes.append(int(s)), hops.append(0), scores.append(sim(s))
+        sims = {v: sim(v) for v in nodes}
+        for h in range(1, cfg.hops + 1):
+            best = {}
+            for v in nodes:
+                for p in range(indptr[v], indptr[v + 1]):
+                    u, r = int(nbrs[p]), int(rels[p])
+                    if u in sims:
+                        continue
+                    term = w2 * sims[v] + w3 * float(np.dot(rf[r].astype(np.float64), qf[q]))
+                    best[u] = max(best.get(u, -np.inf), term)
+            ranked = sorted(best, key=lambda u: (-(w1 * sim(u) + best[u]), u))
+            room = min(cfg.keep_per_hop[h - 1], cfg.budget - len(nodes))
+            for u in ranked[:room]:
+                nodes.append(u), hops.append(h), scores.append(w1 * sim(u) + best[u])
+                sims[u] = sim(u)
+        out.append((nodes, hops, scores))
+    return out
+
+
+def run(kg, nf, rf, qf, seeds, cfg, **kw):
+    num_q = len(qf)
+    return expand_queries(
+        kg, nf, rf, qf, seeds, np.zeros(seeds.shape, np.float32), cfg,
+        query_ids=np.arange(num_q) * 10, splits=np.array(["val"] * num_q, dtype=object),
+        answer_ptr=np.arange(num_q + 1), answers=np.arange(num_q), **kw,
+    )
+
+
+def induced_reference(edges, nodes):
+    src, dst, rel = edges
+    members = set(nodes)
+    return {(int(s), int(d), int(r)) for s, d, r in zip(src, dst, rel) if s in members and d in members}
+
+
+@pytest.mark.parametrize("heavy_degree", [256, 4])
+@pytest.mark.parametrize("keep", [[4, 9], [3, 5, 6]])
+def test_matches_brute_force_reference(random_graph, keep, heavy_degree):
+    kg, edges, rng = random_graph
+    nf, rf = normalised(rng, kg.num_nodes, 16), normalised(rng, 2 * kg.num_relations, 16)
+    qf = normalised(rng, 7, 16)
+    seeds = rng.integers(0, kg.num_nodes, (7, 3))
+    seeds[0, 1] = seeds[0, 0]  # duplicate seed
+    seeds[1, 2] = -1  # padding
+    seeds[2] = [5, 9, -1]  # both hubs
+    cfg = ExpandConfig(budget=14, hops=len(keep), keep_per_hop=keep, batch_queries=3)
+    got = run(kg, nf, rf, qf, seeds, cfg, graph=GraphIndex.build(kg, heavy_degree=heavy_degree))
+    assert (kg.degree()[[5, 9]] > 4).all()
+    want = reference_expand(kg, nf, rf, qf, seeds, cfg)
+    for q, (nodes, hops, scores) in enumerate(want):
+        lo, hi = got.node_ptr[q], got.node_ptr[q + 1]
+        assert got.nodes[lo:hi].tolist() == nodes
+        assert got.hop[lo:hi].tolist() == hops
+        np.testing.assert_allclose(got.score[lo:hi], scores, atol=1e-5)
+        assert hi - lo <= cfg.budget
+        # Induced edges: exactly the graph's directed edges among the selected nodes, each once.
+        e_lo, e_hi = got.edge_ptr[q], got.edge_ptr[q + 1]
+        pairs = list(zip(got.edge_src[e_lo:e_hi], got.edge_dst[e_lo:e_hi], got.edge_rel[e_lo:e_hi]))
+        as_global = [(nodes[s], nodes[d], int(r)) for s, d, r in pairs]
+        assert len(as_global) == len(set(as_global))
+        assert set(as_global) == induced_reference(edges, nodes)
+        assert all(r < kg.num_relations for _, _, r in as_global)
+        assert got.is_answer[lo:hi].tolist() == [n == q for n in nodes]
+    assert got.query_ids.tolist() == [0, 10, 20, 30, 40, 50, 60]
+
+
+def test_seeds_first_with_hop_zero_and_budget(random_graph):
+    kg, _, rng = random_graph
+    nf, rf = normalised(rng, kg.num_nodes, 8), normalised(rng, 2 * kg.num_relations, 8)
+    qf = normalised(rng, 4, 8)
+    seeds = np.array([[3, 7, 11], [5, -1, -1], [20, 21, 22], [-1, -1, -1]])
+    cfg = ExpandConfig(budget=10, hops=2, keep_per_hop=[8, 8])
+    got = run(kg, nf, rf, qf, seeds, cfg)
+    sizes = got.sizes
+    assert sizes.tolist()[:3] == [10, 10, 10] and sizes[3] == 0
+    for q in range(3):
+        hop = got.hop[got.node_ptr[q] : got.node_ptr[q + 1]]
+        n_seeds = (seeds[q] >= 0).sum()
+        assert (hop[:n_seeds] == 0).all() and (hop[n_seeds:] > 0).all()
+        assert np.all(np.diff(hop) >= 0)
+        assert got.nodes[got.node_ptr[q] : got.node_ptr[q] + n_seeds].tolist() == seeds[q][:n_seeds].tolist()
+        np.testing.assert_allclose(
+            got.score[got.node_ptr[q] : got.node_ptr[q] + n_seeds], nf[seeds[q][:n_seeds]] @ qf[q], atol=1e-6
+        )
+
+
+def test_caps_bound_the_work_on_a_hub(tmp_path):
+    """A star with 5,000 leaves: only a stride sample of neighbor_cap leaves is ever scored."""
+    rng = np.random.default_rng(0)
+    leaves = 5000
+    n = leaves + 2
+    src = np.concatenate([np.zeros(leaves, int), [1]])
+    dst = np.concatenate([np.arange(2, n), [0]])
+    kg = make_graph(tmp_path / "star", src, dst, np.zeros(len(src), int), n, 1)
+    nf, rf, qf = normalised(rng, n, 8), normalised(rng, 2, 8), normalised(rng, 1, 8)
+    degree = int(kg.degree()[0])
+    cap = 100
+    sample_list = np.asarray(kg.neighbors)[kg.indptr[0] + (np.arange(cap) * degree) // cap].tolist()
+    sample = set(sample_list)
+    cfg = ExpandConfig(budget=300, hops=1, keep_per_hop=[299], neighbor_cap=cap, candidate_cap=10_000)
+    got = run(kg, nf, rf, qf, np.array([[0]]), cfg)
+    hop1 = set(got.nodes[got.hop == 1].tolist())
+    assert len(hop1) == cap and hop1 == sample
+    # candidate_cap: edges from the best (first) source first; the cap truncates the rest.
+    cfg = ExpandConfig(budget=300, hops=1, keep_per_hop=[299], neighbor_cap=cap, candidate_cap=30)
+    got = run(kg, nf, rf, qf, np.array([[0, 1]]), cfg)
+    hop1 = set(got.nodes[got.hop == 1].tolist())
+    assert hop1 == set(sample_list[:30])  # a prefix of the hub's own sample; node 1 gets no room
+
+
+def test_bad_config_and_seeds(random_graph):
+    kg, _, rng = random_graph
+    nf, rf, qf = normalised(rng, kg.num_nodes, 8), normalised(rng, 2 * kg.num_relations, 8), normalised(rng, 1, 8)
+    with pytest.raises(ConfigError, match="keep_per_hop"):
+        run(kg, nf, rf, qf, np.array([[1]]), ExpandConfig(hops=3, keep_per_hop=[1, 2]))
+    with pytest.raises(Exception, match="not a node"):
+        run(kg, nf, rf, qf, np.array([[kg.num_nodes + 3]]), ExpandConfig())
+    with pytest.raises(Exception, match="2R"):
+        run(kg, nf, rf[:2], qf, np.array([[1]]), ExpandConfig())
