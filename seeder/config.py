@@ -70,9 +70,10 @@ class SeedConfig:
     """Shortest node name that entity linking matches (avoids matching ``a``, ``II``...)."""
     entity_max: int = 3
     """At most this many entity-linked seeds per query (longest names first)."""
-    block_nodes: int = 262_144
-    """Nodes per block in the exact blocked top-k search (bounds memory at millions of nodes)."""
-    block_queries: int = 4_096
+    block_nodes: int = 131_072
+    """Nodes per block in the exact blocked top-k search (bounds memory at millions of nodes: one
+    block of scores is block_queries x block_nodes float32, 256 MiB at the defaults)."""
+    block_queries: int = 512
     """Queries per block in the exact blocked top-k search."""
 
 
@@ -91,6 +92,8 @@ class ExpandConfig:
     """At most this many candidate edges scored per hop and query."""
     weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     """Weights of sim(q,u), sim(q,v) and sim(q,r) in the filter score (paper, Section 3)."""
+    batch_queries: int = 256
+    """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
 
 
 @dataclass
