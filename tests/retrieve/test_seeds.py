@@ -1,0 +1,100 @@
+"""Exact blocked top-k seeds, entity linking and the seeding strategies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from seeder.config import ConfigError, SeedConfig
+from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
+
+from .conftest import make_graph, normalised
+
+
+def brute_force_topk(qf, nf, k):
+    scores = qf @ nf.T
+    order = np.lexsort((np.broadcast_to(np.arange(len(nf)), scores.shape), -scores), axis=-1)[:, :k]
+    return order, np.take_along_axis(scores, order, axis=1)
+
+
+@pytest.mark.parametrize("block_nodes,block_queries", [(7, 3), (50, 64), (1000, 1)])
+def test_blocked_topk_equals_brute_force(block_nodes, block_queries):
+    rng = np.random.default_rng(1)
+    nf, qf = normalised(rng, 200, 12), normalised(rng, 9, 12)
+    ids, scores = dense_seeds(qf, nf, 5, block_nodes, block_queries)
+    want_ids, want_scores = brute_force_topk(qf, nf, 5)
+    assert ids.dtype == np.int64 and scores.dtype == np.float32
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(scores, want_scores, atol=1e-6)
+
+
+def test_ties_across_block_boundaries_break_by_id():
+    rng = np.random.default_rng(2)
+    base = normalised(rng, 1, 6)[0]
+    nf = normalised(rng, 40, 6)
+    # Nodes 3, 11, 12, 25 and 38 are identical, spread over blocks of 8, and the best match.
+    for i in (38, 25, 12, 11, 3):
+        nf[i] = base
+    qf = base[None, :]
+    for block in (8, 5, 40):
+        ids, scores = dense_seeds(qf, nf, 4, block_nodes=block, block_queries=1)
+        assert ids[0].tolist() == [3, 11, 12, 25]
+        assert np.all(scores[0] == scores[0, 0])
+
+
+def test_fewer_nodes_than_k_pads():
+    rng = np.random.default_rng(3)
+    nf, qf = normalised(rng, 3, 4), normalised(rng, 2, 4)
+    ids, scores = dense_seeds(qf, nf, 5, block_nodes=2, block_queries=1)
+    assert (ids[:, 3:] == -1).all() and np.isinf(scores[:, 3:]).all()
+    assert sorted(ids[0, :3].tolist()) == [0, 1, 2]
+
+
+def test_memmap_node_features(tmp_path):
+    rng = np.random.default_rng(4)
+    nf, qf = normalised(rng, 100, 8), normalised(rng, 4, 8)
+    np.save(tmp_path / "node.npy", nf)
+    mm = np.load(tmp_path / "node.npy", mmap_mode="r")
+    np.testing.assert_array_equal(dense_seeds(qf, mm, 3, 16, 2)[0], brute_force_topk(qf, nf, 3)[0])
+
+
+def test_entity_linking_plain_text(tmp_path):
+    names = ["The Matrix", "Matrix", "Keanu Reeves", "Reeves", "It", "The Matrix Reloaded", "Lana  Wachowski!"]
+    kg = make_graph(tmp_path / "kg", [0], [2], [0], len(names), 1, names=names)
+    linker = EntityLinker(kg, SeedConfig(entity_min_chars=3, entity_max=3))
+    found = linker.link(
+        [
+            "who starred in the matrix reloaded with keanu reeves",
+            "what did it do",  # "It" is shorter than entity_min_chars
+            "films by lana wachowski, and the MATRIX?",
+            "nothing here",
+        ]
+    )
+    assert found[0].tolist() == [5, 2]  # longest mention first; "matrix" inside it is not re-used
+    assert found[1].tolist() == []
+    assert found[2].tolist() == [6, 0]
+    assert found[3].dtype == np.int64 and len(found[3]) == 0
+    capped = EntityLinker(kg, SeedConfig(entity_max=1)).link(["keanu reeves in the matrix"])
+    assert capped[0].tolist() == [2]
+
+
+def test_select_seeds_strategies():
+    dense_ids = np.array([[4, 5, 6], [7, 8, -1]])
+    dense_scores = np.array([[0.9, 0.8, 0.7], [0.6, 0.5, -np.inf]], np.float32)
+    linked = [np.array([6, 1]), np.array([], np.int64)]
+    ids, scores = select_seeds(SeedConfig(k0=3, strategy="dense"), dense_ids, dense_scores, None)
+    np.testing.assert_array_equal(ids, dense_ids)
+    ids, scores = select_seeds(SeedConfig(k0=3, strategy="dense+entity"), dense_ids, dense_scores, linked)
+    assert ids.tolist() == [[6, 1, 4], [7, 8, -1]]
+    assert scores[0, 2] == np.float32(0.9) and np.isnan(scores[0, 0])
+    ids, _ = select_seeds(SeedConfig(k0=3, strategy="entity"), dense_ids, dense_scores, linked)
+    assert ids.tolist() == [[6, 1, -1], [-1, -1, -1]]
+    rng = np.random.default_rng(0)
+    nf, qf = normalised(rng, 10, 4), normalised(rng, 2, 4)
+    _, scores = select_seeds(SeedConfig(k0=2, strategy="entity"), dense_ids, dense_scores, linked, qf, nf)
+    np.testing.assert_allclose(scores[0], [nf[6] @ qf[0], nf[1] @ qf[0]], rtol=1e-6)
+    with pytest.raises(ConfigError, match="strategy"):
+        select_seeds(SeedConfig(strategy="bm25"), dense_ids, dense_scores, None)
+    with pytest.raises(ConfigError, match="EntityLinker"):
+        select_seeds(SeedConfig(strategy="entity"), dense_ids, dense_scores, None)
