@@ -138,6 +138,22 @@ class TrainConfig:
     """gamma: margin of the BPR variant (paper uses 0.5); 0 is plain BPR."""
     seed: int = 0
     """Random seed of initialisation and sampling."""
+    baseline: str = "group_mean"
+    """REINFORCE baseline: ``group_mean`` (centre on the query's M trajectories, the paper's default),
+    ``none`` (ablation: raw rewards) or ``greedy`` (ablation: reward minus the greedy trajectory's).
+    With ``num_trajectories=1`` use ``none`` or ``greedy``: a group of one has zero advantage."""
+    mode: str = "seeder"
+    """``seeder`` (learned expansion, Algorithm 2) or ``rerank`` (ablation: the GNN scores the whole
+    K-hop subgraph, BPR only, no learned expansion)."""
+    queries_per_epoch: int = 0
+    """Training queries sampled (without replacement) per epoch; 0 uses them all."""
+    skip_unanswerable: bool = True
+    """Leave out of training the queries whose bounded subgraph holds no answer: their rewards are all
+    zero and they have no BPR pair, so they only cost time."""
+    eval_batch_size: int = 128
+    """Queries per greedy evaluation batch."""
+    val_queries: int = 0
+    """Validation queries evaluated after each epoch (a fixed, seeded sample); 0 uses them all."""
 
 
 @dataclass

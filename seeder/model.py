@@ -1,0 +1,173 @@
+"""The SeedER policy network: a query-conditioned sparse graph transformer (paper, Section 4.1, App. D.2).
+
+One network serves both decisions of a rollout:
+
+- the expansion head ``g(h_u, z_q)`` gives one logit per frontier node (Algorithm 1, line "select c_t");
+- the scoring head gives two-class logits per node of the final set; their difference is the node's
+  final score (Appendix D.5), trained with BPR.
+
+Attention runs only along the edges of the induced subgraph of the nodes a step looks at, and every edge
+modulates its keys and values with an embedding of its relation text and direction:
+``a_ij = Q_i . (K_j * E^K_ij) / sqrt(d)``, softmax over each target's incoming edges, messages
+``alpha_ij (V_j + E^V_ij)``. Edge embeddings depend only on the relation id (``r`` or ``r + R`` for the
+inverse direction), so each layer projects the ``2R`` relation rows once and gathers them per edge.
+
+Everything uses torch-geometric's pure-torch ``softmax`` and ``scatter``: no compiled extension needed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch_geometric.utils import scatter, softmax
+
+from seeder.config import ConfigError, ModelConfig
+
+# Hop distances above this share one embedding (the bounded subgraphs have K <= 3 in the paper).
+MAX_HOP = 4
+
+
+def _mlp(in_dim: int, hidden: int, out_dim: int, dropout: float) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, out_dim))
+
+
+class EdgeModulatedAttention(nn.Module):
+    """One sparse transformer layer with relation-modulated attention, residuals, LayerNorm and a FFN."""
+
+    def __init__(self, hidden_dim: int, num_heads: int, dropout: float):
+        super().__init__()
+        if hidden_dim % num_heads:
+            raise ConfigError(f"model.hidden_dim={hidden_dim} must be divisible by model.num_heads={num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = hidden_dim // num_heads
+        self.query = nn.Linear(hidden_dim, hidden_dim)
+        self.key = nn.Linear(hidden_dim, hidden_dim)
+        self.value = nn.Linear(hidden_dim, hidden_dim)
+        self.edge_key = nn.Linear(hidden_dim, hidden_dim)
+        self.edge_value = nn.Linear(hidden_dim, hidden_dim)
+        self.out = nn.Linear(hidden_dim, hidden_dim)
+        self.norm_attention = nn.LayerNorm(hidden_dim)
+        self.norm_ffn = nn.LayerNorm(hidden_dim)
+        self.ffn = _mlp(hidden_dim, 2 * hidden_dim, hidden_dim, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_type: torch.Tensor, relation_emb: torch.Tensor):
+        n, heads, dh = x.shape[0], self.num_heads, self.head_dim
+        src, dst = edge_index[0], edge_index[1]
+        q = self.query(x).view(n, heads, dh)
+        k = self.key(x).view(n, heads, dh)
+        v = self.value(x).view(n, heads, dh)
+        # Relation-typed edge embeddings: project the 2R rows once, gather per edge.
+        ek = self.edge_key(relation_emb).view(-1, heads, dh)[edge_type]
+        ev = self.edge_value(relation_emb).view(-1, heads, dh)[edge_type]
+        logits = (q[dst] * k[src] * ek).sum(-1) / math.sqrt(dh)  # [E, H]
+        alpha = self.dropout(softmax(logits, dst, num_nodes=n))
+        messages = alpha.unsqueeze(-1) * (v[src] + ev)
+        aggregated = scatter(messages, dst, dim=0, dim_size=n, reduce="sum").reshape(n, heads * dh)
+        x = self.norm_attention(x + self.dropout(self.out(aggregated)))
+        return self.norm_ffn(x + self.dropout(self.ffn(x)))
+
+
+class SeedERPolicy(nn.Module):
+    """Query-conditioned graph transformer with an expansion head and a scoring head.
+
+    Inputs are split so that a rollout pays for the expensive part once per minibatch:
+    ``encode_nodes`` turns each subgraph node's text embedding, the query embedding and cheap structural
+    features (hop from the seeds, K-hop filter score) into a hidden vector once per query; every
+    expansion step then adds a state embedding (in the current set V_t, or frontier U_t) and runs
+    ``propagate`` on the induced subgraph of V_t and U_t of every trajectory at once.
+    """
+
+    def __init__(self, feature_dim: int, config: ModelConfig):
+        super().__init__()
+        if config.query_injection not in ("add", "concat"):
+            raise ConfigError(f"model.query_injection={config.query_injection!r}: use 'add' or 'concat'")
+        hidden = config.hidden_dim
+        self.config = config
+        self.feature_dim = feature_dim
+        self.query_injection = config.query_injection
+        # W_q of the query injection (paper, Section 4.1).
+        self.query_map = nn.Linear(feature_dim, feature_dim, bias=False)
+        structural = MAX_HOP + 2  # one-hot hop + filter score
+        text_in = 2 * feature_dim + 1 if config.query_injection == "concat" else feature_dim
+        self.input_proj = nn.Sequential(nn.Linear(text_in + structural, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+        self.state_embedding = nn.Embedding(2, hidden)  # 0: frontier candidate, 1: already selected
+        self.relation_proj = nn.Linear(feature_dim, hidden)
+        self.direction_embedding = nn.Embedding(2, hidden)  # 0: r as stored, 1: inverse r + R
+        self.layers = nn.ModuleList(
+            EdgeModulatedAttention(hidden, config.num_heads, config.dropout) for _ in range(config.num_layers)
+        )
+        self.query_context = nn.Linear(feature_dim, hidden)
+        self.expansion_head = _mlp(3 * hidden, hidden, 1, config.dropout)
+        self.scoring_head = _mlp(3 * hidden, hidden, 2, config.dropout)
+
+    # -- pieces called by the rollout -------------------------------------------------------------
+
+    def encode_nodes(
+        self, node_text: torch.Tensor, node_query: torch.Tensor, hop: torch.Tensor, filter_score: torch.Tensor
+    ) -> torch.Tensor:
+        """[n, d] node embeddings, [n, d] their query's embedding, hop [n], filter score [n] -> [n, hidden]."""
+        injected = self.query_map(node_query)
+        if self.query_injection == "add":
+            text = node_text + injected
+        else:
+            cosine = nn.functional.cosine_similarity(node_text, node_query, dim=-1, eps=1e-8).unsqueeze(-1)
+            text = torch.cat([node_text, injected, cosine], dim=-1)
+        hop_onehot = nn.functional.one_hot(hop.long().clamp(0, MAX_HOP), MAX_HOP + 1).to(node_text.dtype)
+        return self.input_proj(torch.cat([text, hop_onehot, filter_score.unsqueeze(-1).to(node_text.dtype)], -1))
+
+    def encode_relations(self, relation_features: torch.Tensor) -> torch.Tensor:
+        """[2R, d] relation text embeddings (base, then inverses) -> [2R, hidden] edge-type embeddings."""
+        num_base = relation_features.shape[0] // 2
+        direction = (torch.arange(relation_features.shape[0], device=relation_features.device) >= num_base).long()
+        return self.relation_proj(relation_features) + self.direction_embedding(direction)
+
+    def encode_queries(self, query_features: torch.Tensor) -> torch.Tensor:
+        """[B, d] -> [B, hidden] query context for the heads."""
+        return self.query_context(query_features)
+
+    def propagate(
+        self,
+        node_state: torch.Tensor,
+        selected: torch.Tensor,
+        edge_index: torch.Tensor,
+        edge_type: torch.Tensor,
+        relation_emb: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the layers on a (batched) graph. node_state [n, hidden], selected [n] bool -> [n, hidden]."""
+        x = node_state + self.state_embedding(selected.long())
+        for layer in self.layers:
+            x = layer(x, edge_index, edge_type, relation_emb)
+        return x
+
+    def expansion_logits(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:
+        """g(h_u, z_q): one logit per node. h [n, hidden], query_ctx [n, hidden] -> [n]."""
+        return self.expansion_head(torch.cat([h, query_ctx, h * query_ctx], -1)).squeeze(-1)
+
+    def scores(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:
+        """Final score: difference of the scoring head's two-class logits (paper, Appendix D.5) -> [n]."""
+        two = self.scoring_head(torch.cat([h, query_ctx, h * query_ctx], -1))
+        return two[:, 1] - two[:, 0]
+
+    def forward(
+        self,
+        node_text: torch.Tensor,
+        node_query: torch.Tensor,
+        hop: torch.Tensor,
+        filter_score: torch.Tensor,
+        selected: torch.Tensor,
+        edge_index: torch.Tensor,
+        edge_type: torch.Tensor,
+        relation_features: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Whole-graph call (tests, reranking): node embeddings, expansion logits and scores per node."""
+        state = self.encode_nodes(node_text, node_query, hop, filter_score)
+        h = self.propagate(state, selected, edge_index, edge_type, self.encode_relations(relation_features))
+        ctx = self.query_context(node_query)
+        return h, self.expansion_logits(h, ctx), self.scores(h, ctx)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
