@@ -1,0 +1,145 @@
+"""``seeder evaluate``: rank a split's queries with one or more methods and print their metrics.
+
+Methods come from ``seeder.retrieve.registry`` (``dense``, ``khop``, and whatever other modules
+register, e.g. ``seeder`` with ``--model``). Every method sees the same subgraphs and query features
+from the preprocessing artifacts; metrics (``seeder.metrics``) are reported overall and per value of
+each query attribute of the dataset (e.g. ``hop=1``), next to the subgraph ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seeder.config import SeederConfig, from_dict, parse_overrides, to_dict
+from seeder.io import DataError
+from seeder.metrics import evaluate, subgraph_ceiling
+from seeder.retrieve import registry
+
+METRIC_ORDER = ["hit_at_{k}", "recall_at_{k}", "mrr", "hit_any", "recall_any", "set_size", "precision", "f1"]
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def query_attributes(kg, query_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The dataset's query attribute columns (manifest ``query_attributes``), one value per query id."""
+    names = [c for c in kg.manifest.get("query_attributes", []) if c in kg.queries.column_names]
+    if not names or len(query_ids) == 0:
+        return {}
+    table = kg.queries.select(["id", *names])
+    ids = table.column("id").to_numpy()
+    order = np.argsort(ids)
+    pos = np.minimum(np.searchsorted(ids[order], query_ids), len(ids) - 1)
+    rows = order[pos]
+    missing = ids[rows] != query_ids
+    if missing.any():
+        raise DataError(f"{kg.path}: query ids {query_ids[missing][:5].tolist()} of the subgraphs are not in queries.parquet")
+    out = {}
+    for name in names:
+        out[name] = np.asarray(table.column(name).to_numpy(zero_copy_only=False))[rows]
+    return out
+
+
+def metric_names(ks: list[int]) -> list[str]:
+    names = []
+    for pattern in METRIC_ORDER:
+        names.extend(pattern.format(k=k) for k in ks) if "{k}" in pattern else names.append(pattern)
+    return names
+
+
+def run_evaluation(
+    artifacts, methods: list[str], split: str, config: SeederConfig, model: str | None = None, log=print
+) -> dict[str, Any]:
+    """Metrics of every method on ``split``: ``{"methods": {name: {group: {metric: value}}}, "ceiling": ...}``."""
+    subgraphs = artifacts.subgraphs(split=split)
+    if len(subgraphs) == 0:
+        raise DataError(f"{artifacts.path}: no {split} queries in the subgraphs stage; pick another --split")
+    query_features = np.asarray(artifacts.query_features[artifacts.query_rows(subgraphs.query_ids)], dtype=np.float32)
+    attributes = query_attributes(artifacts.dataset, subgraphs.query_ids)
+    report: dict[str, Any] = {
+        "artifacts": str(artifacts.path),
+        "split": split,
+        "queries": len(subgraphs),
+        "ceiling": subgraph_ceiling(subgraphs, attributes),
+        "methods": {},
+        "seconds": {},
+    }
+    for name in methods:
+        start = time.perf_counter()
+        retriever = registry.build(name, artifacts, config, model=model)
+        result = retriever.retrieve(subgraphs, query_features)
+        if not np.array_equal(result.query_ids, subgraphs.query_ids):
+            raise DataError(f"method {name} returned rankings for other queries than it was given")
+        report["methods"][name] = evaluate(result, subgraphs.answer_ptr, subgraphs.answers, attributes, ks=config.eval.ks)
+        report["seconds"][name] = round(time.perf_counter() - start, 3)
+        log(f"{name}: {len(subgraphs)} queries ranked in {report['seconds'][name]:.2f} s", file=sys.stderr)
+    return report
+
+
+def format_table(report: dict[str, Any], ks: list[int]) -> str:
+    """Rows: group x metric; columns: the methods side by side, then the subgraph ceiling."""
+    methods = list(report["methods"])
+    header = ["group", "metric", *methods, "ceiling"]
+    rows = []
+    groups = list(report["ceiling"])
+    for group in groups:
+        count = report["ceiling"][group]["queries"]
+        for metric in metric_names(ks):
+            values = [report["methods"][m].get(group, {}).get(metric, math.nan) for m in methods]
+            ceiling = {"hit_any": "hit_any", "recall_any": "recall_any", "set_size": "size"}.get(metric)
+            ceil = report["ceiling"][group][ceiling] if ceiling else math.nan
+            fmt = "{:.1f}" if metric == "set_size" else "{:.4f}"
+            rows.append(
+                [f"{group} (n={count})", metric, *(fmt.format(v) for v in values), "" if math.isnan(ceil) else fmt.format(ceil)]
+            )
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from seeder.artifacts import open_artifacts
+
+    artifacts = open_artifacts(args.artifacts)
+    config = artifacts.config
+    if args.overrides:
+        config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
+    methods = args.method or ["dense", "khop"]
+    report = run_evaluation(artifacts, methods, args.split, config, model=args.model)
+    print(format_table(report, config.eval.ks))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="rank a split with one or more methods and print Hit@k, MRR, Recall@k, Hit/Recall@any, F1",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
+    parser.add_argument(
+        "--method", action="append", help="retrieval method (repeat for several; default: dense and khop)"
+    )
+    parser.add_argument("--split", default="val", choices=["train", "val", "test"], help="query split (default: val)")
+    parser.add_argument("--json", help="also write the metrics as JSON to this file")
+    parser.add_argument("--model", help="trained model checkpoint, for methods that need one (e.g. seeder)")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
+    parser.set_defaults(func=_command)
