@@ -123,32 +123,16 @@ class BaselineInputs:
 
 
 def dense_topk(
-    query_features: np.ndarray, node_features: np.ndarray, k: int, block_nodes: int = 262_144
+    query_features: np.ndarray, node_features: np.ndarray, k: int, block_nodes: int = 131_072
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k nodes by cosine per query, best first, ties by node id: (ids [Q,k], scores [Q,k]).
 
-    Blocked over nodes so memory stays at Q x block_nodes however large the graph is.
+    The project's blocked kernel (``seeder.retrieve.seeds.dense_seeds``): memory stays at
+    queries x ``block_nodes`` however large the graph is; k beyond N pads with -1.
     """
-    q = np.asarray(query_features, dtype=np.float32)
-    n = len(node_features)
-    k = min(k, n)
-    best_ids = np.empty((len(q), 0), dtype=np.int64)
-    best_scores = np.empty((len(q), 0), dtype=np.float32)
-    for start in range(0, n, block_nodes):
-        block = np.asarray(node_features[start : start + block_nodes], dtype=np.float32)
-        scores = q @ block.T
-        take = min(k, scores.shape[1])
-        part = np.argpartition(-scores, take - 1, axis=1)[:, :take] if take < scores.shape[1] else None
-        if part is None:
-            part = np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
-        best_ids = np.concatenate([best_ids, part + start], axis=1)
-        best_scores = np.concatenate([best_scores, np.take_along_axis(scores, part, axis=1)], axis=1)
-        if best_ids.shape[1] > k:
-            order = np.lexsort((best_ids, -best_scores), axis=1)[:, :k]
-            best_ids = np.take_along_axis(best_ids, order, axis=1)
-            best_scores = np.take_along_axis(best_scores, order, axis=1)
-    order = np.lexsort((best_ids, -best_scores), axis=1)
-    return np.take_along_axis(best_ids, order, axis=1), np.take_along_axis(best_scores, order, axis=1)
+    from seeder.retrieve.seeds import dense_seeds as blocked_topk
+
+    return blocked_topk(query_features, node_features, max(int(k), 1), block_nodes=block_nodes)
 
 
 def pair_cosine(query_features: np.ndarray, query_pos: np.ndarray, vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:

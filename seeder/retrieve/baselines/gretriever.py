@@ -29,6 +29,27 @@ from seeder.retrieve.baselines.common import (
     rank_candidates,
 )
 
+_BINDING_CHECKED = False
+
+
+def check_pcst_binding() -> None:
+    """Fail clearly on a pcst_fast build that returns garbage (pcst-fast 1.0.10 wheels under numpy 2).
+
+    On the path 0-1-2 with prizes 3, 0, 3 and unit costs the optimum is the whole path.
+    """
+    global _BINDING_CHECKED
+    if _BINDING_CHECKED:
+        return
+    vertices, edges = pcst_fast.pcst_fast(np.array([[0, 1], [1, 2]]), np.array([3.0, 0.0, 3.0]), np.ones(2), -1, 1, "gw", 0)
+    if sorted(np.asarray(vertices).tolist()) != [0, 1, 2] or sorted(np.asarray(edges).tolist()) != [0, 1]:
+        raise RuntimeError(
+            f"pcst_fast at {pcst_fast.__file__} returns wrong results (vertices {list(vertices)}, edges {list(edges)} "
+            "on a 3-node path); the pcst-fast 1.0.10 wheel is broken under numpy 2: "
+            "`pip uninstall pcst-fast && pip install pcst-fast2` (same module, numpy-2 wheels)"
+        )
+    _BINDING_CHECKED = True
+
+
 # G-Retriever shrinks each lower prize tier by this fraction so tiers stay strictly ordered.
 TIER_SHRINK = 0.01
 
@@ -72,19 +93,20 @@ def edge_prizes(edge_query: np.ndarray, similarity: np.ndarray, topk: int) -> np
     return prizes
 
 
-def solve_pcst(
+def pcst_inputs(
     num_nodes: int, heads: np.ndarray, tails: np.ndarray, node_prize: np.ndarray, edge_prize: np.ndarray,
-    edge_cost: float, num_clusters: int, pruning: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """G-Retriever's PCST for one graph: (selected local nodes, selected local edges), both sorted.
+    edge_cost: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """G-Retriever's PCST instance: (edges [E', 2], vertex prizes, edge costs, cheap edge ids, rich edge ids).
 
-    Edges with prize <= cost enter with cost - prize; each richer edge becomes a virtual node of
-    prize (prize - cost) joined to its endpoints by free edges, so selecting it selects the edge.
+    Edges with prize <= cost enter with cost - prize; each richer edge becomes a virtual vertex
+    (num_nodes + j for the j-th rich edge) of prize (prize - cost) joined to its endpoints by free
+    edges, so selecting the virtual vertex selects the edge.
     """
-    cheap = edge_prize <= edge_cost
-    rich = np.flatnonzero(~cheap)
+    cheap = np.flatnonzero(edge_prize <= edge_cost)
+    rich = np.flatnonzero(edge_prize > edge_cost)
     virtual = num_nodes + np.arange(len(rich))
-    pcst_edges = np.concatenate(
+    edges = np.concatenate(
         [
             np.stack([heads[cheap], tails[cheap]], axis=1),
             np.stack([heads[rich], virtual], axis=1),
@@ -93,13 +115,23 @@ def solve_pcst(
     ).astype(np.int64)
     costs = np.concatenate([edge_cost - edge_prize[cheap], np.zeros(2 * len(rich))])
     prizes = np.concatenate([node_prize, edge_prize[rich] - edge_cost])
-    vertices, chosen_edges = pcst_fast.pcst_fast(pcst_edges, prizes, costs, -1, num_clusters, pruning, 0)
+    return edges, prizes.astype(np.float64), costs.astype(np.float64), cheap, rich
+
+
+def solve_pcst(
+    num_nodes: int, heads: np.ndarray, tails: np.ndarray, node_prize: np.ndarray, edge_prize: np.ndarray,
+    edge_cost: float, num_clusters: int, pruning: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """G-Retriever's PCST for one graph: (selected local nodes, selected local edges), both sorted.
+
+    The nodes are the tree's real vertices plus both endpoints of every selected edge.
+    """
+    check_pcst_binding()
+    edges, prizes, costs, cheap, rich = pcst_inputs(num_nodes, heads, tails, node_prize, edge_prize, edge_cost)
+    vertices, chosen = pcst_fast.pcst_fast(edges, prizes, costs, -1, num_clusters, pruning, 0)
     vertices = np.asarray(vertices, dtype=np.int64)
-    chosen_edges = np.asarray(chosen_edges, dtype=np.int64)
-    cheap_ids = np.flatnonzero(cheap)
-    selected_edges = np.concatenate(
-        [cheap_ids[chosen_edges[chosen_edges < len(cheap_ids)]], rich[vertices[vertices >= num_nodes] - num_nodes]]
-    )
+    chosen = np.asarray(chosen, dtype=np.int64)
+    selected_edges = np.concatenate([cheap[chosen[chosen < len(cheap)]], rich[vertices[vertices >= num_nodes] - num_nodes]])
     nodes = np.concatenate([vertices[vertices < num_nodes], heads[selected_edges], tails[selected_edges]])
     return np.unique(nodes), np.unique(selected_edges)
 
