@@ -94,7 +94,16 @@ def hash_fraction(strings: pa.Array | pa.ChunkedArray, salt: str = "") -> np.nda
     """A deterministic number in [0, 1) per string (the string's hash, salted so splits can be reshuffled)."""
     if salt:
         strings = pc.binary_join_element_wise(pa.scalar(salt), strings, "\x1f")
-    return (stable_hash(strings) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    # FNV-1a mixes the last bytes poorly into the top bits ("question 17" vs "question 18"), so
+    # finish with MurmurHash3's 64-bit avalanche before taking the top 53 bits.
+    h = stable_hash(strings)
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xC4CEB9FE1A85EC53)
+        h ^= h >> np.uint64(33)
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 def hash_split(strings: pa.Array | pa.ChunkedArray, val_fraction: float, test_fraction: float = 0.0) -> pa.Array:
