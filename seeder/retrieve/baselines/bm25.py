@@ -95,7 +95,8 @@ def _query_texts(inputs: BaselineInputs) -> list[str]:
 
 def retrieve_bm25(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
     """Nodes by BM25 score; the retrieved set is those with a positive score (to ``length``)."""
-    ids, _ = _inputs_index(inputs, cfg).topk(_query_texts(inputs), length)
+    texts = _query_texts(inputs)
+    ids, _ = _inputs_index(inputs, cfg).topk(texts, length)
     return full_ranking(inputs, ids, (ids >= 0).sum(1), length)
 
 
@@ -110,8 +111,9 @@ def hybrid_ranking(
 
 def retrieve_hybrid(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
     """Nodes by fused rank; the retrieved set is the union of both pools (to ``length``)."""
+    texts = _query_texts(inputs)
     ids, _ = hybrid_ranking(
-        _inputs_index(inputs, cfg), _query_texts(inputs), inputs.query_features, inputs.node_features,
+        _inputs_index(inputs, cfg), texts, inputs.query_features, inputs.node_features,
         cfg.hybrid_pool, cfg.rrf_k,
     )
     return full_ranking(inputs, ids, (ids >= 0).sum(1), length)

@@ -11,7 +11,7 @@ from seeder.retrieve.baselines.common import (
     full_ranking,
     group_topk,
 )
-from tests.retrieve.baselines.helpers import random_inputs
+from .helpers import random_inputs
 
 
 def _neighbourhood(inputs, seeds, hops):

@@ -11,7 +11,7 @@ import pytest
 from seeder.config import BaselinesConfig
 from seeder.retrieve.baselines import gretriever
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
-from tests.retrieve.baselines.helpers import with_cosines
+from .helpers import with_cosines
 
 
 def test_edge_prizes_follow_g_retriever_tiers():

@@ -8,7 +8,7 @@ import numpy as np
 from seeder.config import BaselinesConfig
 from seeder.retrieve.baselines import ppr
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
-from tests.retrieve.baselines.helpers import with_cosines
+from .helpers import with_cosines
 
 
 def _random_digraph(rng, n, e):
