@@ -86,4 +86,4 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
             counts[i] = len(order)
         return full_ranking(batch, ranking, counts, length)
 
-    return in_batches(inputs, cfg.block_queries, run)
+    return in_batches(inputs, cfg.block_queries, run, length)

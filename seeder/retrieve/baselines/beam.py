@@ -76,4 +76,4 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
         ranking, counts = rank_candidates(len(seeds), q, node, score)
         return full_ranking(batch, ranking, counts, length)
 
-    return in_batches(inputs, cfg.block_queries, run)
+    return in_batches(inputs, cfg.block_queries, run, length)

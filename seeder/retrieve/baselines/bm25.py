@@ -100,22 +100,18 @@ def retrieve_bm25(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> 
     return full_ranking(inputs, ids, (ids >= 0).sum(1), length)
 
 
-def hybrid_ranking(
-    index: BM25Index, texts: list[str], query_features: np.ndarray, node_features: np.ndarray, pool: int, rrf_k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """RRF of the BM25 top ``pool`` and the dense top ``pool``: (ids [Q, W], fused scores)."""
+def hybrid_ranking(index: BM25Index, texts: list[str], dense: np.ndarray, pool: int, rrf_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """RRF of the BM25 top ``pool`` and the dense ranking ``dense`` [Q, >= pool]: (ids [Q, W], fused scores)."""
     lexical, _ = index.topk(texts, pool)
-    dense, _ = dense_topk(query_features, node_features, pool)
+    dense = dense[:, :pool]
     return reciprocal_rank_fusion([lexical, dense], rrf_k)
 
 
 def retrieve_hybrid(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
     """Nodes by fused rank; the retrieved set is the union of both pools (to ``length``)."""
     texts = _query_texts(inputs)
-    ids, _ = hybrid_ranking(
-        _inputs_index(inputs, cfg), texts, inputs.query_features, inputs.node_features,
-        cfg.hybrid_pool, cfg.rrf_k,
-    )
+    inputs.dense_depth = max(inputs.dense_depth, length, cfg.hybrid_pool)
+    ids, _ = hybrid_ranking(_inputs_index(inputs, cfg), texts, inputs.dense_ranking(cfg.hybrid_pool)[0], cfg.hybrid_pool, cfg.rrf_k)
     return full_ranking(inputs, ids, (ids >= 0).sum(1), length)
 
 
@@ -146,7 +142,8 @@ def hybrid_seeds(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k0 nodes by reciprocal rank fusion of BM25 and dense cosine: (ids [Q,k0], fused scores)."""
     cfg = cfg or BaselinesConfig()
-    ids, scores = hybrid_ranking(_seed_index(kg, cfg), texts, query_features, node_features, cfg.hybrid_pool, cfg.rrf_k)
+    dense, _ = dense_topk(query_features, node_features, cfg.hybrid_pool)
+    ids, scores = hybrid_ranking(_seed_index(kg, cfg), texts, dense, cfg.hybrid_pool, cfg.rrf_k)
     ids, scores = ids[:, :k0], scores[:, :k0]
     if ids.shape[1] < k0:
         pad = k0 - ids.shape[1]

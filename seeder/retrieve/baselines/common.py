@@ -66,6 +66,16 @@ class BaselineInputs:
     node_texts: list[str] | None = None
     cache: dict[str, Any] = field(default_factory=dict)
     """Per-dataset state a method builds once (the BM25 index), reused across batches."""
+    dense_depth: int = 0
+    """Depth of the dense ranking computed on first use (the ranking length), so seeding and the
+    ranking's dense fill share one pass over the node features."""
+    _dense: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    def dense_ranking(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k nodes by cosine for these queries (ids, scores), computed once per batch."""
+        if self._dense is None or self._dense[0].shape[1] < min(k, self.graph.num_nodes):
+            self._dense = dense_topk(self.query_features, self.node_features, max(k, self.dense_depth))
+        return self._dense[0][:, :k], self._dense[1][:, :k]
 
     def __post_init__(self) -> None:
         n, d = self.node_features.shape
@@ -312,7 +322,7 @@ def full_ranking(inputs: BaselineInputs, method_ranking: np.ndarray, set_size: n
     """
     length = min(length, int(inputs.graph.num_nodes))
     method_ranking = np.asarray(method_ranking, dtype=np.int64)
-    dense_ids, _ = dense_topk(inputs.query_features, inputs.node_features, length)
+    dense_ids, _ = inputs.dense_ranking(length)
     own = first_occurrences(method_ranking)
     merged = first_occurrences(np.concatenate([own[:, :length], dense_ids], axis=1))[:, :length]
     sizes = np.minimum(np.asarray(set_size, dtype=np.int64), (own >= 0).sum(1))
@@ -321,13 +331,16 @@ def full_ranking(inputs: BaselineInputs, method_ranking: np.ndarray, set_size: n
 
 def dense_seeds(inputs: BaselineInputs, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k nodes by cosine (the paper's dense seeding, Section 3) for every query of ``inputs``."""
-    return dense_topk(inputs.query_features, inputs.node_features, k)
+    return inputs.dense_ranking(k)
 
 
-def in_batches(inputs: BaselineInputs, block_queries: int, run) -> RetrievalResult:
+def in_batches(inputs: BaselineInputs, block_queries: int, run, length: int = 0) -> RetrievalResult:
     """Apply ``run(batch) -> RetrievalResult`` to blocks of queries and concatenate (rankings padded)."""
-    parts = [run(inputs.batch(np.arange(s, min(s + block_queries, len(inputs.query_ids)))))
-             for s in range(0, len(inputs.query_ids), block_queries)]
+    parts = []
+    for start in range(0, len(inputs.query_ids), block_queries):
+        batch = inputs.batch(np.arange(start, min(start + block_queries, len(inputs.query_ids))))
+        batch.dense_depth = length
+        parts.append(run(batch))
     if not parts:
         return RetrievalResult(np.zeros(0, np.int64), np.zeros((0, 0), np.int64), np.zeros(0, np.int64))
     width = max(p.ranking.shape[1] for p in parts)

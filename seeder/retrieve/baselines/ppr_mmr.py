@@ -63,4 +63,4 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
         # The pool's remaining nodes follow in PPR order; full_ranking drops the repeats.
         return full_ranking(batch, np.concatenate([chosen, pool], axis=1), set_size, length)
 
-    return in_batches(inputs, max(1, min(cfg.block_queries, 64)), run)
+    return in_batches(inputs, max(1, min(cfg.block_queries, 64)), run, length)

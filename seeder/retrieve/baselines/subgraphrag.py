@@ -43,4 +43,4 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
         ranking, counts = rank_candidates(ego.num_queries, ego.query[flat], ego.node[flat], node_score)
         return full_ranking(batch, ranking, counts, length)
 
-    return in_batches(inputs, cfg.block_queries, run)
+    return in_batches(inputs, cfg.block_queries, run, length)
