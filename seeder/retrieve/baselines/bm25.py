@@ -128,19 +128,25 @@ def _seed_index(kg: Any, cfg: BaselinesConfig) -> BM25Index:
 
 
 def bm25_seeds(kg: Any, texts: list[str], k0: int, cfg: BaselinesConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k0 nodes of ``kg`` by BM25 of node text against each query text: (ids [Q,k0] -1 padded, scores).
+    """Top-k0 nodes of ``kg`` by BM25 of node text against each query text: (ids [Q,k0], scores [Q,k0]).
+
+    Padded like ``seeder.retrieve.seeds.dense_seeds``: id -1 with score -inf.
 
     A query sharing no term with any node gets no seeds (-1); combine with dense seeding for those.
     """
     cfg = cfg or BaselinesConfig()
-    return _seed_index(kg, cfg).topk(texts, k0)
+    ids, scores = _seed_index(kg, cfg).topk(texts, k0)
+    return ids, np.where(ids >= 0, scores, -np.inf).astype(np.float32)
 
 
 def hybrid_seeds(
     kg: Any, texts: list[str], query_features: np.ndarray, node_features: np.ndarray, k0: int,
     cfg: BaselinesConfig | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k0 nodes by reciprocal rank fusion of BM25 and dense cosine: (ids [Q,k0], fused scores)."""
+    """Top-k0 nodes by reciprocal rank fusion of BM25 and dense cosine: (ids [Q,k0], fused scores).
+
+    ``query_features`` rows follow ``texts``; padding is id -1 with score -inf.
+    """
     cfg = cfg or BaselinesConfig()
     dense, _ = dense_topk(query_features, node_features, cfg.hybrid_pool)
     ids, scores = hybrid_ranking(_seed_index(kg, cfg), texts, dense, cfg.hybrid_pool, cfg.rrf_k)
@@ -149,4 +155,4 @@ def hybrid_seeds(
         pad = k0 - ids.shape[1]
         ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
         scores = np.pad(scores, ((0, 0), (0, pad)))
-    return ids, scores.astype(np.float32)
+    return ids, np.where(ids >= 0, scores, -np.inf).astype(np.float32)

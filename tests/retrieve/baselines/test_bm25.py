@@ -105,6 +105,8 @@ def test_seeding_functions_read_the_dataset(tmp_path):
     want = _lucene_bm25("paris france", CORPUS)
     assert ids[0].tolist() == sorted(range(n), key=lambda i: (-want[i], i))[:2]
     assert ids[1].tolist() == [-1, -1]
+    assert np.isneginf(scores[1]).all()  # padded like dense_seeds
+    np.testing.assert_allclose(scores[0], sorted((w for w in want if w > 0), reverse=True)[:2], rtol=1e-5)
     feats = np.eye(n, dtype=np.float32)
     hids, _ = bm25.hybrid_seeds(kg, ["paris france", "nothing shared"], feats[[4, 3]], feats, 2)
     assert hids.shape == (2, 2)
