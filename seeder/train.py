@@ -259,13 +259,14 @@ def train_epoch(
 @torch.no_grad()
 def retrieve(
     model: SeedERPolicy, data: TrainingData, config: SeederConfig, length: int | None = None
-) -> tuple[RetrievalResult, np.ndarray]:
+) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
     """Greedy rollouts (Algorithm 1) of every query in ``data``: the ranking and, per ranked node, the
-    expansion step at which it was reached (0 seeds, t+1 step t, -1 outside the final set)."""
+    expansion step at which it was reached (0 seeds, t+1 step t, -1 outside the final set) and its score
+    (the model's for the retrieved set, the K-hop filter score for the rest; NaN for padding)."""
     length = length or config.eval.ranking_length
     model.eval()
     relation_features = torch.from_numpy(np.asarray(data.relation_features, dtype=np.float32))
-    results, steps = [], []
+    results, steps, node_scores = [], [], []
     batch_size = config.train.eval_batch_size
     for lo in range(0, len(data.subgraphs), batch_size):
         index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
@@ -291,7 +292,10 @@ def retrieve(
         match = (ranked[:, :, None] == node_ids[:, None, :]) & (ranked[:, :, None] >= 0)
         pos = match.argmax(2)
         step = np.take_along_axis(reached_at.numpy(), pos, 1)
-        steps.append(np.where(match.any(2), step, -1))
+        found = match.any(2)
+        steps.append(np.where(found, step, -1))
+        shown = torch.where(in_set, scores, batch.filter_score).numpy()
+        node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
     width = max(r.ranking.shape[1] for r in results)
     result = RetrievalResult(
         query_ids=np.concatenate([r.query_ids for r in results]),
@@ -299,7 +303,7 @@ def retrieve(
         set_size=np.concatenate([r.set_size for r in results]),
     )
     assert result.ranking.shape[1] == width
-    return result, np.concatenate(steps)
+    return result, np.concatenate(steps), np.concatenate(node_scores)
 
 
 def ranking_metrics(
@@ -327,7 +331,7 @@ def ranking_metrics(
 
 def evaluate(model: SeedERPolicy, data: TrainingData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
     """Greedy retrieval of every query in ``data`` and its mean metrics (eval.ks cut-offs)."""
-    result, _ = retrieve(model, data, config)
+    result, _, _ = retrieve(model, data, config)
     per_query = ranking_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
     return result, {key: float(values.mean()) for key, values in per_query.items()}
 
