@@ -94,7 +94,9 @@ def node_query_cosines(
     """cos(node ``nodes[i]``, query row ``rows[i]``) for flat pairs, gathered a chunk at a time.
 
     Gathering all rows at once would allocate (and page-fault) a [pairs, d] copy that can reach
-    gigabytes; chunks of a few thousand rows stay in cache and are several times faster.
+    gigabytes; chunks of a few thousand rows stay in cache and are several times faster. The two
+    paths (matrix product, gathered rows) agree to float32 rounding (~1e-7), so a near-tie between
+    two candidates may resolve differently with another ``expand.batch_queries``.
     """
     out = np.empty(len(nodes), dtype=np.float32)
     num_q = len(query_features)
@@ -230,6 +232,8 @@ def expand_batch(
     sel_q, sel_node, sel_hop, sel_score, sel_sim = [q], [seed_ids], [np.zeros(len(q), np.int8)], [sims], [sims]
     sel_count = np.bincount(q, minlength=num_q)
     selected_keys = np.sort(q * n + seed_ids)
+    selected_anywhere = np.zeros(n, dtype=bool)  # selected by some query of the batch
+    selected_anywhere[seed_ids] = True
 
     clock("seeds")
     src_q, src_node, src_sim = q, seed_ids, sims  # sources of the next hop: the newest nodes
@@ -254,7 +258,9 @@ def expand_batch(
         edge_term = w2 * src_sim[owner] + w3 * rel_sims[eq, rel]
         clock("gather")
         cand_keys = eq * n + nbr
-        fresh = ~_lookup(selected_keys, cand_keys)[0]
+        fresh = np.ones(len(cand_keys), dtype=bool)
+        maybe = np.flatnonzero(selected_anywhere[nbr])  # cheap bitmap test first
+        fresh[maybe] = ~_lookup(selected_keys, cand_keys[maybe])[0]
         # Max over incoming (v, r) per (query, node), merged with the carried candidates.
         all_keys = np.concatenate([carry_keys, cand_keys[fresh]])
         all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
@@ -286,6 +292,7 @@ def expand_batch(
         sel_hop.append(np.full(len(chosen), h, np.int8)), sel_score.append(score[chosen]), sel_sim.append(usim[chosen])
         sel_count += np.bincount(uq[chosen], minlength=num_q)
         selected_keys = np.sort(np.concatenate([selected_keys, ukeys[chosen]]))
+        selected_anywhere[unode[chosen]] = True
         rest = np.ones(len(ukeys), dtype=bool)
         rest[chosen] = False
         carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]

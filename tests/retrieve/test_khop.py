@@ -140,3 +140,19 @@ def test_bad_config_and_seeds(random_graph):
         run(kg, nf, rf, qf, np.array([[kg.num_nodes + 3]]), ExpandConfig())
     with pytest.raises(Exception, match="2R"):
         run(kg, nf, rf[:2], qf, np.array([[1]]), ExpandConfig())
+
+
+def test_cosine_paths_agree_and_descending_keys():
+    from seeder.retrieve.khop import _descending_bits, node_query_cosines
+
+    rng = np.random.default_rng(5)
+    nf, qf = normalised(rng, 300, 16), normalised(rng, 20, 16)
+    # Nodes 0..9 appear for every query (the shared-product path), the rest once each.
+    nodes = np.concatenate([np.tile(np.arange(10), 20), rng.integers(10, 300, 400)])
+    rows = np.concatenate([np.repeat(np.arange(20), 10), rng.integers(0, 20, 400)])
+    want = np.einsum("ij,ij->i", nf[nodes].astype(np.float64), qf[rows].astype(np.float64))
+    for shared in (True, False):
+        np.testing.assert_allclose(node_query_cosines(nf, nodes, qf, rows, 64, shared), want, atol=1e-6)
+    values = np.array([0.5, -0.5, 0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 0.5], np.float32)
+    order = np.argsort(_descending_bits(values), kind="stable")
+    assert order.tolist() == [4, 0, 8, 6, 2, 3, 7, 1, 5]  # descending; equal values keep input order
