@@ -30,6 +30,9 @@ class SearchTrace:
     path_score: np.ndarray
     parent: np.ndarray  # -1 for a seed
     depth: np.ndarray
+    frontier: np.ndarray
+    """Nodes generated but not expanded when the search stopped, best priority first (ties by id)."""
+    frontier_priority: np.ndarray
 
     def path_to(self, node: int) -> list[int]:
         """The search's path from a seed to an expanded ``node``."""
@@ -68,21 +71,30 @@ def astar_search(
                 heapq.heappush(heap, (-cp, v, cg, node, depth + 1))
     nodes = np.fromiter(expanded, dtype=np.int64, count=len(expanded))
     values = np.array(list(expanded.values()), dtype=np.float64).reshape(-1, 4)
-    return SearchTrace(nodes, values[:, 0], values[:, 1], values[:, 2].astype(np.int64), values[:, 3].astype(np.int64))
+    left = np.array([(-p, v) for p, v, *_ in heap if v not in expanded], dtype=np.float64).reshape(-1, 2)
+    order = np.lexsort((left[:, 1], -left[:, 0]))
+    _, first = np.unique(left[order, 1].astype(np.int64), return_index=True)  # best entry per node
+    keep = np.sort(first)  # back to priority order
+    return SearchTrace(
+        nodes, values[:, 0], values[:, 1], values[:, 2].astype(np.int64), values[:, 3].astype(np.int64),
+        left[order[keep], 1].astype(np.int64), left[order[keep], 0],
+    )
 
 
 def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
-    """Expanded nodes by priority (ties by node id); the retrieved set is the expanded nodes."""
+    """Expanded nodes by priority (ties by node id): the retrieved set. Then the nodes left on the
+    queue by their priority, then the rest by cosine."""
 
     def run(batch: BaselineInputs) -> RetrievalResult:
         seeds, seed_scores = dense_seeds(batch, cfg.seeds)
         traces = [astar_search(batch, i, seeds[i], seed_scores[i], cfg) for i in range(len(seeds))]
-        width = max((len(t.nodes) for t in traces), default=0)
+        width = max((len(t.nodes) + len(t.frontier) for t in traces), default=0)
         ranking = np.full((len(traces), width), -1, dtype=np.int64)
         counts = np.zeros(len(traces), dtype=np.int64)
         for i, t in enumerate(traces):
             order = np.lexsort((t.nodes, -t.priority))
-            ranking[i, : len(order)] = t.nodes[order]
+            row = np.concatenate([t.nodes[order], t.frontier])
+            ranking[i, : len(row)] = row
             counts[i] = len(order)
         return full_ranking(batch, ranking, counts, length)
 

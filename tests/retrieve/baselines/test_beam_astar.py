@@ -65,6 +65,9 @@ def test_astar_budget_and_depth_bound_the_search():
     inputs = _inputs()
     short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=3, astar_depth=2, **CFG))
     assert short.nodes.tolist() == [S, A, C]
+    # Left on the queue: B (priority 0.8 + 0.5) and D (0.5 + 0.2), best first.
+    assert short.frontier.tolist() == [B, D]
+    np.testing.assert_allclose(short.frontier_priority, [1.3, 0.7])
     shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=10, astar_depth=1, **CFG))
     assert T not in shallow.nodes.tolist() and set(shallow.nodes.tolist()) == {S, A, B, D}
 
