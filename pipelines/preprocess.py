@@ -1,0 +1,245 @@
+"""Preprocessing on Ray: embed -> features (PCA) -> seeds -> subgraphs, resumable, with a run summary.
+
+    python pipelines/preprocess.py --dataset DIR --out ARTIFACTS [--config FILE] [KEY=VALUE ...]
+    ray job submit --working-dir . -- python pipelines/preprocess.py --dataset /abs/DIR --out /abs/ARTIFACTS
+
+Under ``ray job submit`` (RAY_ADDRESS is set by the job) it joins that cluster; run directly it joins
+a running cluster if there is one, else starts an embedded local Ray (``--ray-address local`` always
+starts an embedded one). Paths given to a submitted job should be absolute: the job runs in a copy
+of the working directory. This file is only the Ray entry point; the work lives in ``seeder.preprocess``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np
+
+from seeder import preprocess as pp
+from seeder.config import ConfigError, EmbedConfig, SeederConfig, load_config, to_dict
+from seeder.io import DataError, now, read_manifest, write_manifest
+from seeder.store import KnowledgeGraph, open_dataset
+
+
+class EncoderUDF:
+    """A Ray Data actor holding one loaded encoder; every output row keeps its kind, row and id."""
+
+    def __init__(self, embed_config: dict, num_threads: int):
+        import torch
+
+        torch.set_num_threads(max(1, int(num_threads)))  # Ray sets OMP_NUM_THREADS=1 in actors
+        from seeder.embed import load_encoder
+
+        self.encoder = load_encoder(EmbedConfig(**embed_config))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        embedding = self.encoder.encode(batch["text"].tolist())
+        return {"kind": batch["kind"], "row": batch["row"], "id": batch["id"], "embedding": embedding}
+
+
+def start_ray(address: str | None, num_cpus: int | None):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(address=address, log_to_driver=True)
+    else:
+        # Embedded local Ray, bound to the loopback interface, without a dashboard.
+        ray.init(address="local" if address == "local" else None, num_cpus=num_cpus, include_dashboard=False,
+                 _node_ip_address="127.0.0.1")
+    return ray
+
+
+def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
+    import ray.data
+
+    inputs = pp.embed_inputs(kg)
+    counts = {kind: len(ids) for kind, (ids, _) in inputs.items()}
+    work = stage.open({"shard_rows": args.shard_rows})
+    collector = pp.ShardCollector(work, counts, args.shard_rows)
+    pending = collector.pending()
+    table = pp.embed_text_table(inputs, pending, args.shard_rows)
+    reused = sum(collector.num_blocks(k) - len(pending[k]) for k in pp.KINDS)
+    if reused:
+        print(f"embed: resuming, {reused} finished shards kept, {table.num_rows:,} texts left", flush=True)
+    if table.num_rows:
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        cpus = float(resources.get("CPU", 1))
+        ec = config.embed
+        actors = ec.num_actors or (gpus if gpus else max(1, int(cpus // ec.cpus_per_actor)))
+        threads = 1 if gpus else max(1, int(min(ec.cpus_per_actor, cpus)))
+        # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
+        # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
+        # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
+        reserve = min(ec.cpus_per_actor, cpus)
+        if actors * reserve > cpus - 1:
+            reserve = max(cpus - 1, 0) / actors
+        remote = {"num_gpus": 1} if gpus else {"num_cpus": reserve}
+        batch_rows = max(ec.batch_size, args.udf_batch)
+        # The texts go through a Parquet file (not the driver's object store) in several blocks, so
+        # that every actor of the pool gets work.
+        chunks = max(actors * 4, table.num_rows // (batch_rows * 4) + 1)
+        inputs_file = work / "inputs.parquet"
+        pp.write_table_atomic(table, inputs_file, row_group_size=-(-table.num_rows // chunks))
+        ds = ray.data.read_parquet(str(inputs_file), override_num_blocks=chunks)
+        ds = ds.map_batches(
+            EncoderUDF,
+            fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            batch_size=batch_rows,
+            batch_format="numpy",
+            **remote,
+        )
+        for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+            if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
+                pp.maybe_stop_for_test("embed", collector.written)
+        if collector.unfinished():
+            raise DataError(f"embed: the encoder returned incomplete blocks: {collector.unfinished()[:3]}")
+    (work / "inputs.parquet").unlink(missing_ok=True)
+    info = pp.finish_embed(work, kg)
+    return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows)}
+
+
+def run_subgraphs(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path) -> dict:
+    query_ids = np.load(out / "features" / "query_ids.npy")
+    blocks = pp.query_blocks(query_ids, args.query_block)
+    work = stage.open({"query_block": args.query_block})
+    todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
+    if len(todo) < len(blocks):
+        print(f"subgraphs: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
+    if todo:
+        expand = ray.remote(num_cpus=1)(pp.expand_block)
+        config_dict = to_dict(config)
+        futures = [
+            expand.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo
+        ]
+        done = 0
+        while futures:
+            ready, futures = ray.wait(futures, num_returns=1)
+            result = ray.get(ready[0])
+            done += 1
+            print(f"subgraphs: block {result['block']} ({result['queries']} queries, {result['seconds']:.1f} s), "
+                  f"{done}/{len(todo)} done", flush=True)
+            pp.maybe_stop_for_test("subgraphs", done)
+    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="dataset directory (from `seeder import` or `seeder synth`)")
+    parser.add_argument("--out", required=True, help="artifacts directory (created; reruns resume and skip finished stages)")
+    parser.add_argument("--config", help="YAML config, e.g. configs/metaqa.yaml")
+    parser.add_argument("--ray-address", help="Ray address; 'local' starts an embedded Ray (default: RAY_ADDRESS, "
+                        "a running cluster, else embedded)")
+    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: all)")
+    parser.add_argument("--shard-rows", type=int, default=50_000, help="texts per embedding shard (resume granularity)")
+    parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
+    parser.add_argument("--query-block", type=int, default=1_000, help="queries per expansion task and shard")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. embed.encoder=hash expand.budget=150")
+    args = parser.parse_args(argv)
+    for name in ("shard_rows", "udf_batch", "query_block"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        # Everything that can fail on bad input is checked before Ray starts.
+        config = load_config(args.config, args.overrides)
+        pp.check_config(config)
+        kg = open_dataset(Path(args.dataset).resolve())
+    except (ConfigError, DataError) as exc:
+        print(f"preprocess: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    fps = pp.stage_fingerprints(config, kg.fingerprint)
+    previous = read_manifest(out) or {}
+    manifest = {
+        "kind": "seeder-artifacts",
+        "dataset": str(kg.path),
+        "dataset_fingerprint": kg.fingerprint,
+        "config": to_dict(config),
+        "fingerprints": fps,
+        "created": previous.get("created", now()),
+        "stages": {},
+    }
+    write_manifest(out, manifest)
+    timer = pp.StageTimer()
+    counts = {"nodes": kg.num_nodes, "relations": 2 * kg.num_relations, "queries": kg.queries.num_rows}
+    ray = None
+    total_start = time.perf_counter()
+
+    def stage_run(name, body, items, unit, detail):
+        nonlocal ray
+        stage = pp.StageDir(out, name, fps[name])
+        done = stage.complete_manifest()
+        if done is None:
+            start = time.perf_counter()
+            info = body(stage)
+            done = stage.commit({"seconds": time.perf_counter() - start, "info": info})
+            skipped = False
+        else:
+            skipped = True
+        timer.record(name, done["seconds"], items, unit, detail, skipped=skipped, info=done.get("info", {}))
+        manifest["stages"][name] = {"fingerprint": fps[name], "skipped": skipped, "seconds": done["seconds"]}
+        write_manifest(out, manifest)
+
+    def need_ray():
+        nonlocal ray
+        if ray is None:
+            ray = start_ray(args.ray_address, args.num_cpus)
+        return ray
+
+    try:
+        texts = sum(counts.values())
+        stage_run("embed", lambda s: run_embed(need_ray(), s, kg, config, args), texts, "texts",
+                  f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
+        stage_run("features", lambda s: pp.run_features(out / "embed", s.open(), kg, config), texts, "rows",
+                  f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
+        stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
+                  f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
+        stage_run("subgraphs", lambda s: run_subgraphs(need_ray(), s, kg, config, args, out), counts["queries"],
+                  "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
+    except (ConfigError, DataError) as exc:
+        print(f"preprocess: error: {exc}", file=sys.stderr)
+        return 2
+
+    from seeder.subgraphs import SubgraphSet
+
+    subgraphs = SubgraphSet.read(out / "subgraphs")
+    ceiling = pp.ceilings(subgraphs, kg)
+    summary = {
+        "dataset": str(kg.path),
+        "artifacts": str(out),
+        "finished": now(),
+        "wall_seconds": round(time.perf_counter() - total_start, 3),
+        "counts": {**counts, "edges": kg.num_edges, "subgraph_nodes": int(subgraphs.sizes.sum()),
+                   "subgraph_edges": int(subgraphs.edge_ptr[-1]), "mean_subgraph_size": float(subgraphs.sizes.mean()) if len(subgraphs) else 0.0},
+        "stages": timer.stages,
+        "ceiling": ceiling,
+        "config": to_dict(config),
+    }
+    pp.write_summary(out, summary)
+    for line in pp.format_ceilings(ceiling):
+        print(line)
+    print(f"summary: {out / 'summary.json'}")
+    if ray is not None and not os.environ.get("RAY_ADDRESS"):
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,512 @@
+"""Preprocessing stages without Ray: fingerprints, resumable stage directories, shard bookkeeping,
+the per-block work of each stage and the run summary. ``pipelines/preprocess.py`` distributes the
+work with Ray and calls these.
+
+Stages and what each one's fingerprint covers (a rerun skips a stage whose manifest carries the same
+fingerprint, so a changed input or config section reruns that stage and everything downstream)::
+
+    embed      dataset content + embed section (encoder identity, not its batch size or actor count)
+    features   embed fingerprint + reduce section
+    seeds      features fingerprint + seed section (not its block sizes)
+    subgraphs  seeds and features fingerprints + expand section
+
+Resumability: a stage works inside ``ARTIFACTS/.STAGE.partial/``, keyed by its fingerprint and shard
+layout. Shards have deterministic names per block and are written to a temporary file that is
+renamed into place, so after a kill every shard present is whole; a rerun keeps them and computes
+only the missing blocks. The stage manifest is written last and the directory is then renamed to
+``ARTIFACTS/STAGE/``: an interrupted stage never looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from seeder.config import ConfigError, SeederConfig, to_dict
+from seeder.io import DataError, fingerprint_json, now, read_manifest, write_manifest
+from seeder.store import KnowledgeGraph, open_dataset
+from seeder.subgraphs import SubgraphSet
+
+STAGE_VERSION = 1
+KINDS = ("node", "relation", "query")
+KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
+TEST_STOP_ENV = "SEEDER_TEST_STOP_AFTER_SHARDS"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fingerprints and checks
+
+
+def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[str, str]:
+    """The fingerprint of every stage, each chained to its upstream stages' fingerprints."""
+    embed = to_dict(config.embed)
+    embed_key = {k: embed[k] for k in ("encoder", "hash_dim", "max_seq_length", "half_precision")}
+    seed = {k: v for k, v in to_dict(config.seed).items() if k not in ("block_nodes", "block_queries")}
+    fps: dict[str, str] = {}
+    fps["embed"] = fingerprint_json({"stage": "embed", "v": STAGE_VERSION, "dataset": dataset_fingerprint, "embed": embed_key})
+    fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)})
+    fps["seeds"] = fingerprint_json({"stage": "seeds", "v": STAGE_VERSION, "features": fps["features"], "seed": seed})
+    expand = {k: v for k, v in to_dict(config.expand).items() if k != "batch_queries"}
+    fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": STAGE_VERSION, "seeds": fps["seeds"], "expand": expand})
+    return fps
+
+
+def check_config(config: SeederConfig) -> None:
+    """Reject configs the stages cannot run, before any Ray work starts."""
+    from seeder.embed import check_encoder
+
+    check_encoder(config.embed)
+    e, r, s, x = config.embed, config.reduce, config.seed, config.expand
+    if e.batch_size <= 0:
+        raise ConfigError(f"embed.batch_size must be positive, got {e.batch_size}")
+    if e.num_actors < 0 or e.cpus_per_actor <= 0:
+        raise ConfigError("embed.num_actors must be >= 0 and embed.cpus_per_actor > 0")
+    if r.dim < 0:
+        raise ConfigError(f"reduce.dim must be >= 0 (0 keeps the encoder width), got {r.dim}")
+    if e.encoder == "hash" and r.dim > e.hash_dim:
+        raise ConfigError(f"reduce.dim={r.dim} exceeds embed.hash_dim={e.hash_dim}; lower reduce.dim")
+    if e.encoder == "minilm" and r.dim > 384:
+        raise ConfigError(f"reduce.dim={r.dim} exceeds MiniLM's 384 dimensions; use 256 (paper) or less")
+    if r.fit_sample <= 0:
+        raise ConfigError(f"reduce.fit_sample must be positive, got {r.fit_sample}")
+    if s.k0 <= 0:
+        raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
+    if s.strategy not in ("dense", "entity", "dense+entity"):
+        raise ConfigError(f"seed.strategy={s.strategy!r}: use dense, entity or dense+entity")
+    if x.budget < s.k0:
+        raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
+    if x.hops <= 0 or len(x.keep_per_hop) != x.hops:
+        raise ConfigError(
+            f"expand.keep_per_hop={x.keep_per_hop} needs one entry per hop (expand.hops={x.hops}); "
+            f"for example expand.keep_per_hop=[60,140] with expand.hops=2"
+        )
+    if len(x.weights) != 3:
+        raise ConfigError(f"expand.weights needs 3 entries (query-head, query-tail, query-relation), got {x.weights}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Resumable stage directories
+
+
+def write_table_atomic(table: pa.Table, path: Path, **kwargs: Any) -> None:
+    """Write a Parquet file under a temporary name and rename it: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    pq.write_table(table, tmp, **kwargs)
+    os.replace(tmp, path)
+
+
+@dataclass
+class StageDir:
+    """A stage's output directory, complete once its manifest (with the right fingerprint) exists."""
+
+    root: Path
+    name: str
+    fingerprint: str
+
+    @property
+    def target(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def partial(self) -> Path:
+        return self.root / f".{self.name}.partial"
+
+    def complete_manifest(self) -> dict[str, Any] | None:
+        manifest = read_manifest(self.target)
+        if manifest is None or manifest.get("fingerprint") != self.fingerprint:
+            return None
+        return manifest
+
+    def open(self, layout: dict[str, Any] | None = None) -> Path:
+        """The working directory: kept from an interrupted run with the same fingerprint and shard
+        layout (its finished shards are reused), otherwise started afresh."""
+        key = {"fingerprint": self.fingerprint, "layout": layout or {}}
+        key_file = self.partial / "partial.json"
+        if self.partial.exists():
+            try:
+                same = json.loads(key_file.read_text()) == key
+            except (OSError, ValueError):
+                same = False
+            if not same:
+                shutil.rmtree(self.partial)
+        if not self.partial.exists():
+            self.partial.mkdir(parents=True)
+            key_file.write_text(json.dumps(key))
+        return self.partial
+
+    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Write the manifest last, then swap the working directory into place."""
+        manifest = {"stage": self.name, "fingerprint": self.fingerprint, "completed": now(), **manifest}
+        (self.partial / "partial.json").unlink(missing_ok=True)
+        for stray in self.partial.rglob(".*.tmp-*"):
+            stray.unlink()
+        write_manifest(self.partial, manifest)
+        if self.target.exists():
+            trash = self.root / f".{self.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(self.target, trash)
+            os.replace(self.partial, self.target)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(self.partial, self.target)
+        return manifest
+
+
+def maybe_stop_for_test(stage: str, shards_done: int) -> None:
+    """Test hook: ``SEEDER_TEST_STOP_AFTER_SHARDS=subgraphs:2`` kills the process (no clean-up, like
+    SIGKILL) once two shards of that stage were written in this run."""
+    spec = os.environ.get(TEST_STOP_ENV)
+    if not spec:
+        return
+    name, _, count = spec.partition(":")
+    if name == stage and shards_done >= int(count):
+        print(f"{TEST_STOP_ENV}: stopping {stage} after {shards_done} shards", flush=True)
+        os._exit(137)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Embed stage: the texts, and the collector that turns streamed rows into whole shards
+
+
+def embed_inputs(kg: KnowledgeGraph) -> dict[str, tuple[np.ndarray, pa.Array]]:
+    """Per kind: (ids, texts). Queries are ordered by id; their row in that order is their shard row."""
+    queries = kg.table("queries", ["id", "text"]).sort_by("id")
+    return {
+        "node": (np.arange(kg.num_nodes, dtype=np.int64), kg.table("nodes", ["text"]).column("text").combine_chunks()),
+        "relation": (np.arange(2 * kg.num_relations, dtype=np.int64), pa.array(kg.relation_texts, pa.string())),
+        "query": (queries.column("id").to_numpy(), queries.column("text").combine_chunks()),
+    }
+
+
+def embed_text_table(inputs: dict[str, tuple[np.ndarray, pa.Array]], pending: dict[str, np.ndarray], shard_rows: int) -> pa.Table:
+    """Rows (kind, row, id, text) of the blocks still to embed, longest texts of a kind not reordered:
+    the encoder sorts by length inside each batch."""
+    parts = []
+    for kind_index, kind in enumerate(KINDS):
+        ids, texts = inputs[kind]
+        rows = np.arange(len(ids), dtype=np.int64)
+        keep = np.isin(rows // shard_rows, pending[kind])
+        if not keep.any():
+            continue
+        mask = pa.array(keep)
+        parts.append(
+            pa.table(
+                {
+                    "kind": pa.array(np.full(int(keep.sum()), kind_index, np.int8)),
+                    "row": pa.array(rows[keep]),
+                    "id": pa.array(ids[keep]),
+                    "text": texts.filter(mask),
+                }
+            )
+        )
+    if not parts:
+        return pa.table({"kind": pa.array([], pa.int8()), "row": pa.array([], pa.int64()), "id": pa.array([], pa.int64()), "text": pa.array([], pa.string())})
+    return pa.concat_tables(parts)
+
+
+class ShardCollector:
+    """Groups streamed ``(kind, row, id, embedding)`` rows into fixed row blocks of ``shard_rows`` and
+    writes a block's shard (rows sorted, ids kept) as soon as all of its rows have arrived. Rows can
+    arrive in any order (Ray Data does not keep it)."""
+
+    def __init__(self, directory: Path, counts: dict[str, int], shard_rows: int):
+        self.directory = directory
+        self.counts = counts
+        self.shard_rows = shard_rows
+        self.buffers: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.filled: dict[tuple[int, int], int] = {}
+        self.written = 0
+        for kind in KINDS:
+            (directory / KIND_DIRS[kind]).mkdir(parents=True, exist_ok=True)
+
+    def shard_path(self, kind: str, block: int) -> Path:
+        return self.directory / KIND_DIRS[kind] / f"part-{block:06d}.parquet"
+
+    def num_blocks(self, kind: str) -> int:
+        return -(-self.counts[kind] // self.shard_rows)
+
+    def block_size(self, kind: str, block: int) -> int:
+        return min(self.shard_rows, self.counts[kind] - block * self.shard_rows)
+
+    def pending(self) -> dict[str, np.ndarray]:
+        return {
+            kind: np.array([b for b in range(self.num_blocks(kind)) if not self.shard_path(kind, b).exists()], dtype=np.int64)
+            for kind in KINDS
+        }
+
+    def add(self, kind: np.ndarray, row: np.ndarray, ids: np.ndarray, embedding: np.ndarray) -> int:
+        """Buffer one batch; returns how many shards it completed."""
+        block = row // self.shard_rows
+        key = kind.astype(np.int64) * (1 << 40) + block
+        order = np.argsort(key, kind="stable")
+        uniq, starts = np.unique(key[order], return_index=True)
+        ends = np.append(starts[1:], len(order))
+        completed = 0
+        for k, s, e in zip(uniq.tolist(), starts.tolist(), ends.tolist()):  # one step per block, not per row
+            sel = order[s:e]
+            group = (k >> 40, k & ((1 << 40) - 1))
+            self.buffers.setdefault(group, []).append((row[sel], ids[sel], embedding[sel]))
+            self.filled[group] = self.filled.get(group, 0) + len(sel)
+            kind_name = KINDS[group[0]]
+            expected = self.block_size(kind_name, group[1])
+            if self.filled[group] > expected:
+                raise DataError(f"embed: block {group[1]} of {kind_name}s received {self.filled[group]} rows, expected {expected}")
+            if self.filled[group] == expected:
+                self._write(kind_name, group)
+                completed += 1
+        return completed
+
+    def _write(self, kind: str, group: tuple[int, int]) -> None:
+        parts = self.buffers.pop(group)
+        self.filled.pop(group)
+        rows = np.concatenate([p[0] for p in parts])
+        ids = np.concatenate([p[1] for p in parts])
+        emb = np.concatenate([p[2] for p in parts]).astype(np.float32, copy=False)
+        order = np.argsort(rows)
+        if np.unique(rows).size != rows.size:
+            raise DataError(f"embed: duplicate rows in block {group[1]} of {kind}s")
+        table = pa.table({"id": pa.array(ids[order]), "embedding": embedding_column(emb[order])})
+        write_table_atomic(table, self.shard_path(kind, group[1]))
+        self.written += 1
+
+    def unfinished(self) -> list[str]:
+        return [f"{KINDS[k]} block {b} ({self.filled[(k, b)]} rows)" for k, b in self.buffers]
+
+
+def embedding_column(emb: np.ndarray) -> pa.Array:
+    emb = np.ascontiguousarray(emb, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+
+
+def read_embeddings(directory: Path, expected_ids: np.ndarray) -> np.ndarray:
+    """Assemble shards of ``(id, embedding)`` into rows ordered as ``expected_ids`` (sorted); every id
+    must appear exactly once."""
+    files = sorted(directory.glob("part-*.parquet"))
+    table = pq.read_table(files) if files else None
+    if table is None or table.num_rows != len(expected_ids):
+        have = 0 if table is None else table.num_rows
+        raise DataError(f"{directory}: {have} embedded rows, expected {len(expected_ids)}; rerun the embed stage")
+    ids = table.column("id").to_numpy()
+    col = table.column("embedding").combine_chunks()
+    width = col.type.list_size
+    emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+    pos = np.searchsorted(expected_ids, ids)
+    pos = np.minimum(pos, len(expected_ids) - 1)
+    if not np.array_equal(expected_ids[pos], ids) or np.unique(pos).size != len(pos):
+        raise DataError(f"{directory}: embedded ids do not match the dataset's ids one to one; rerun the embed stage")
+    out = np.empty((len(expected_ids), width), dtype=np.float32)
+    out[pos] = emb
+    return out
+
+
+def finish_embed(partial: Path, kg: KnowledgeGraph) -> dict[str, Any]:
+    """Turn relation shards into ``relations.npy`` and check node and query shards are complete."""
+    inputs = embed_inputs(kg)
+    relations = read_embeddings(partial / "relations", inputs["relation"][0])
+    np.save(partial / "relations.npy", relations)
+    shutil.rmtree(partial / "relations")
+    width = relations.shape[1]
+    for kind in ("node", "query"):
+        files = sorted((partial / KIND_DIRS[kind]).glob("part-*.parquet"))
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        if rows != len(inputs[kind][0]):
+            raise DataError(f"{partial}: {rows} {kind} embeddings written, expected {len(inputs[kind][0])}; rerun to finish")
+    return {"dim": int(width), "counts": {k: int(len(v[0])) for k, v in inputs.items()}}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Features stage (PCA, Appendix D.1)
+
+
+def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
+    from seeder.embed import apply_pca, fit_pca
+
+    inputs = embed_inputs(kg)
+    nodes = read_embeddings(embed_dir / "nodes", inputs["node"][0])
+    relations = np.load(embed_dir / "relations.npy")
+    queries = read_embeddings(embed_dir / "queries", inputs["query"][0])
+    pca = None
+    explained = None
+    if config.reduce.dim:
+        pca = fit_pca(nodes, config.reduce.dim, config.reduce.fit_sample, config.reduce.seed)
+        pca.save(out / "pca.npz")
+        centered_var = float(np.var(nodes[: config.reduce.fit_sample], axis=0).sum()) or 1.0
+        explained = float(pca.explained_variance.sum() / centered_var)
+    np.save(out / "node.npy", apply_pca(nodes, pca))
+    np.save(out / "relation.npy", apply_pca(relations, pca))
+    np.save(out / "query.npy", apply_pca(queries, pca))
+    np.save(out / "query_ids.npy", inputs["query"][0])
+    return {"dim": pca.dim if pca else int(nodes.shape[1]), "input_dim": int(nodes.shape[1]), "explained_variance": explained}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Seeds stage
+
+
+def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
+    from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
+
+    node_features = np.load(features_dir / "node.npy", mmap_mode="r")
+    query_features = np.load(features_dir / "query.npy")
+    query_ids = np.load(features_dir / "query_ids.npy")
+    cfg = config.seed
+    dense_ids, dense_scores = dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
+    linked = None
+    if cfg.strategy != "dense":
+        texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
+        linked = EntityLinker(kg, cfg).link(texts)
+    seeds, scores = select_seeds(cfg, dense_ids, dense_scores, linked, query_features, node_features)
+    seeds = np.asarray(seeds, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float32)
+    valid = seeds >= 0
+    lengths = valid.sum(axis=1)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    table = pa.table(
+        {
+            "query_id": pa.array(query_ids),
+            "seeds": pa.ListArray.from_arrays(offsets, pa.array(seeds[valid])),
+            "seed_scores": pa.ListArray.from_arrays(offsets, pa.array(scores[valid], pa.float32())),
+        }
+    )
+    pq.write_table(table, out / "seeds.parquet")
+    return {"queries": int(len(query_ids)), "k0": cfg.k0, "strategy": cfg.strategy, "empty": int((lengths == 0).sum())}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Subgraphs stage: one block of queries, run in a worker that opens everything by path
+
+
+def query_blocks(query_ids: np.ndarray, block_size: int) -> list[np.ndarray]:
+    return [query_ids[i : i + block_size] for i in range(0, len(query_ids), block_size)]
+
+
+def subgraph_shard_path(directory: Path, block: int) -> Path:
+    return Path(directory) / f"part-{block:06d}.parquet"
+
+
+@lru_cache(maxsize=2)
+def _query_table(dataset: str) -> pa.Table:
+    return open_dataset(dataset).table("queries", ["id", "split", "answers"]).sort_by("id")
+
+
+@lru_cache(maxsize=1)
+def _graph_index(dataset: str):
+    """One GraphIndex per worker process, reused by every block that worker expands."""
+    from seeder.retrieve.khop import GraphIndex
+
+    return GraphIndex.build(open_dataset(dataset))
+
+
+@lru_cache(maxsize=2)
+def _seed_arrays(seeds_file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    table = pq.read_table(seeds_file).sort_by("query_id")
+    col = table.column("seeds").combine_chunks()
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    width = int(lengths.max(initial=0))
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    seeds = np.full((table.num_rows, width), -1, np.int64)
+    scores = np.full((table.num_rows, width), -np.inf, np.float32)
+    seeds[mask] = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+    scores[mask] = pc.list_flatten(table.column("seed_scores").combine_chunks()).to_numpy(zero_copy_only=False)
+    return table.column("query_id").to_numpy(), seeds, scores
+
+
+def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:
+    """Expand one block of queries and write its shard (atomically). Everything is opened by path
+    and memory-mapped, so a worker never receives the graph or the features through Ray."""
+    from seeder.config import SeederConfig, from_dict
+    from seeder.retrieve.khop import expand_queries
+
+    start = time.perf_counter()
+    cfg = from_dict(SeederConfig, config)
+    kg = open_dataset(dataset)
+    artifacts_path = Path(artifacts)
+    features = artifacts_path / "features"
+    node_features = np.load(features / "node.npy", mmap_mode="r")
+    relation_features = np.load(features / "relation.npy", mmap_mode="r")
+    query_features = np.load(features / "query.npy", mmap_mode="r")
+    all_query_ids = np.load(features / "query_ids.npy")
+    rows = np.searchsorted(all_query_ids, query_ids)
+    seed_qids, seeds, seed_scores = _seed_arrays(str(artifacts_path / "seeds" / "seeds.parquet"))
+    seed_rows = np.searchsorted(seed_qids, query_ids)
+    queries = _query_table(dataset)
+    q_rows = np.searchsorted(queries.column("id").to_numpy(), query_ids)
+    picked = queries.take(pa.array(q_rows))
+    answers_col = picked.column("answers").combine_chunks()
+    answer_ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(answers_col).to_numpy(zero_copy_only=False))]).astype(np.int64)
+    answers = pc.list_flatten(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    splits = np.asarray(picked.column("split").to_pylist(), dtype=object)
+    subgraphs = expand_queries(
+        kg, node_features, relation_features, np.asarray(query_features[rows]), seeds[seed_rows], seed_scores[seed_rows],
+        cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset),
+    )
+    write_table_atomic(subgraphs.to_arrow(), subgraph_shard_path(Path(out_dir), block))
+    return {"block": block, "queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()), "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summary
+
+
+def query_attributes(kg: KnowledgeGraph, query_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Each query attribute column (e.g. ``hop``) aligned to ``query_ids``."""
+    names = [n for n in kg.manifest.get("query_attributes", []) if n in kg.queries.column_names]
+    if not names:
+        return {}
+    table = kg.table("queries", ["id", *names]).sort_by("id")
+    rows = np.searchsorted(table.column("id").to_numpy(), query_ids)
+    return {n: np.asarray(table.column(n).to_pylist(), dtype=object)[rows] for n in names}
+
+
+def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
+    """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split."""
+    from seeder.metrics import subgraph_ceiling
+
+    out: dict[str, Any] = {}
+    for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
+        part = subgraphs if split == "all" else subgraphs.select_split(split)
+        out[split] = subgraph_ceiling(part, query_attributes(kg, part.query_ids) or None)
+    return out
+
+
+@dataclass
+class StageTimer:
+    """Collects one line and one summary entry per stage."""
+
+    stages: dict[str, Any] = field(default_factory=dict)
+    echo: Callable[[str], None] = print
+
+    def record(self, name: str, seconds: float, items: int, unit: str, detail: str, skipped: bool = False, **extra: Any) -> None:
+        rate = items / seconds if seconds > 0 else float("inf")
+        self.stages[name] = {"seconds": round(seconds, 3), "items": items, "unit": unit, "per_second": round(rate, 1), "skipped": skipped, **extra}
+        note = " (skipped: up to date, timing from the run that built it)" if skipped else ""
+        self.echo(f"{name}: {detail} in {seconds:.1f} s ({rate:,.0f} {unit}/s){note}")
+
+
+def format_ceilings(ceiling: dict[str, Any]) -> list[str]:
+    """One console line per split and query group, e.g. ``ceiling test hop=2: hit_any 0.91 ...``."""
+    lines = []
+    for split, groups in ceiling.items():
+        for group, entry in groups.items():
+            values = " ".join(f"{k} {v:.4f}" for k, v in entry.items() if k != "queries")
+            lines.append(f"ceiling {split:5s} {group:12s}: {values} ({entry.get('queries', 0):,} queries)")
+    return lines
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> Path:
+    path = Path(out) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    os.replace(tmp, path)
+    return path
