@@ -10,10 +10,14 @@ so ``models:/NAME@champion`` resolves to that directory.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 LOCAL_ROOT = Path("runs")
 MODEL_ARTIFACT = "model"
@@ -92,3 +96,112 @@ def register(sub: argparse._SubParsersAction) -> None:
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=_ui)
+
+
+# -- training runs: parameters, per-epoch metrics, the model directory and a training-curve plot --------
+
+# Per-epoch keys shown in the training-curve plot, one panel each (losses share the first panel).
+CURVE_PANELS = (
+    ("loss", ("loss", "rl_loss", "bpr_loss")),
+    ("reward", ("mean_reward",)),
+    ("validation", ("val_hit_at_1", "val_hit_at_5", "val_mrr", "val_recall_at_20")),
+)
+RUN_FILE = "mlflow_run.json"
+
+
+def client(uri: str | None = None):
+    """An ``MlflowClient`` on ``uri`` (default: ``tracking_uri()``); no active run is needed to log."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri or tracking_uri())
+
+
+def start_or_resume_run(experiment: str, run_name: str, run_dir: str | Path, resume: bool) -> tuple[str, bool]:
+    """The MLflow run of a training run directory: the one recorded in ``run_dir/mlflow_run.json``
+    when resuming (so a resumed run keeps one metric history), else a new run. -> (run_id, resumed)."""
+    record = Path(run_dir) / RUN_FILE
+    uri = tracking_uri()
+    if resume and record.is_file():
+        saved = json.loads(record.read_text())
+        if saved.get("tracking_uri") == uri:
+            try:
+                client(uri).get_run(saved["run_id"])
+                return saved["run_id"], True
+            except Exception:  # deleted run or another store: start a new one below
+                pass
+    experiment_id = setup(experiment)
+    run = client(uri).create_run(experiment_id, run_name=run_name)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "experiment": experiment}))
+    return run.info.run_id, False
+
+
+def log_params(run_id: str, params: dict[str, Any], uri: str | None = None) -> None:
+    """Log flat parameters (e.g. ``seeder.config.flatten(config)``), in batches of MLflow's limit."""
+    from mlflow.entities import Param
+
+    items = [Param(key, str(value)[:6000]) for key, value in params.items()]
+    mlflow_client = client(uri)
+    for lo in range(0, len(items), 100):
+        mlflow_client.log_batch(run_id, params=items[lo : lo + 100])
+
+
+def log_epoch_metrics(run_id: str, metrics: dict[str, Any], step: int, uri: str | None = None) -> None:
+    """Log one epoch's numeric metrics at ``step``; non-finite values are skipped (MLflow rejects NaN
+    in some stores and a NaN point hides the curve)."""
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    batch = [
+        Metric(key, float(value), stamp, step)
+        for key, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ]
+    if batch:
+        client(uri).log_batch(run_id, metrics=batch)
+
+
+def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Path:
+    """One PNG with a panel per group of ``CURVE_PANELS`` over epochs (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    epochs = [row.get("epoch", i + 1) for i, row in enumerate(history)]
+    fig, axes = plt.subplots(1, len(CURVE_PANELS), figsize=(5 * len(CURVE_PANELS), 3.6))
+    for ax, (title, keys) in zip(axes, CURVE_PANELS):
+        for key in keys:
+            points = [(e, row[key]) for e, row in zip(epochs, history) if key in row]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=key)
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def log_training_outputs(
+    run_id: str, model_dir: str | Path, plot: str | Path | None = None, uri: str | None = None, status: str = "FINISHED"
+) -> None:
+    """Upload the model directory as artifact ``model`` (what ``register_model`` points at), the
+    training-curve plot at the artifact root, and close the run with ``status``."""
+    mlflow_client = client(uri)
+    mlflow_client.log_artifacts(run_id, str(model_dir), artifact_path=MODEL_ARTIFACT)
+    if plot is not None:
+        mlflow_client.log_artifact(run_id, str(plot))
+    mlflow_client.set_terminated(run_id, status=status)
+
+
+def ui_hint() -> str:
+    """How to open the UI on the store this process logs to."""
+    uri = tracking_uri()
+    prefix = f"MLFLOW_TRACKING_URI={uri} " if os.environ.get("MLFLOW_TRACKING_URI") else ""
+    return f"{prefix}seeder ui   (then open http://127.0.0.1:5000)"

@@ -1,0 +1,447 @@
+"""Distributed training of the SeedER policy on Ray Train (V2): sharded data, gradient averaging,
+a checkpoint per epoch, resume, MLflow tracking.
+
+    python pipelines/train.py --artifacts A [--config FILE] [KEY=VALUE ...] [--num-workers N] [--use-gpu]
+        [--out DIR] [--experiment NAME] [--storage PATH_OR_URI] [--name NAME] [--resume]
+
+Every worker reads the artifacts (``--artifacts`` may be an ``s3://``/``file://`` URI: each node
+fetches it once into its cache) and, each epoch, trains on its slice of one seeded permutation of
+the trainable queries, so the ranks see disjoint queries and the same number of steps. Gradients are
+averaged over the ranks before every optimiser step. Rank 0 validates, logs to MLflow and writes the
+checkpoint that ``ray.train.report`` persists under ``STORAGE/NAME``; Ray keeps the two best by
+validation ``recall_at_20``. At the end the best one becomes ``OUT/best.pt`` (plus ``OUT/config.yaml``,
+``OUT/history.json``, ``OUT/training_curve.png``), so ``seeder evaluate --method seeder --model
+OUT/best.pt`` works.
+
+Resume: Ray Train V2 has no ``TorchTrainer.restore`` (it raises a DeprecationWarning). A run started
+again with the same ``RunConfig(name, storage_path)`` finds ``checkpoint_manager_snapshot.json`` there
+and hands the latest checkpoint to ``ray.train.get_checkpoint()``; worker failures inside a run are
+retried the same way (``--max-failures``). So ``--resume`` reruns the same command; without it an
+existing run under ``STORAGE/NAME`` is an error rather than a silent continuation.
+
+This file holds only the Ray side; the model, losses, epochs and checkpoints live in ``seeder.train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import numpy as np
+import yaml
+
+from seeder import tracking
+from seeder.config import ConfigError, SeederConfig, flatten, from_dict, load_config, to_dict
+from seeder.io import DataError
+from seeder.storage import fetch, is_uri, join
+
+CHECKPOINT_FILE = "checkpoint.pt"
+SCORE_METRIC = "recall_at_20"  # validation Recall@20: what Ray keeps checkpoints by
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of a run's checkpoints
+EXIT_AFTER_EPOCH_ENV = "SEEDER_TRAIN_EXIT_AFTER_EPOCH"  # test hook: rank 0 dies after this epoch's checkpoint
+PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
+# Library epoch keys -> the names logged and reported (the validation ones get a ``val_`` prefix in MLflow).
+METRIC_NAMES = {"loss": "loss", "loss_reinforce": "rl_loss", "loss_bpr": "bpr_loss", "reward": "mean_reward",
+                "grad_norm": "grad_norm"}
+
+
+# -- Ray-free preparation (runs before Ray starts, so bad input fails fast) ---------------------------
+
+
+@dataclass
+class TrainingJob:
+    config: SeederConfig
+    artifacts: str  # as given: a local path or a URI every worker fetches
+    out: Path
+    storage: str  # absolute local path or URI
+    name: str
+    trainable: int  # trainable training queries
+    val_queries: int
+
+
+def resolve_config(artifacts_config: SeederConfig, config_path: str | None, overrides: list[str]) -> SeederConfig:
+    """Model/train/eval settings from ``config_path`` + overrides; the preprocessing sections always
+    come from the artifacts, since the subgraphs and features were built with them."""
+    merged = to_dict(load_config(config_path, overrides))
+    base = to_dict(artifacts_config)
+    for section in PREPROCESSING_SECTIONS:
+        merged[section] = base[section]
+    return from_dict(SeederConfig, merged)
+
+
+def epoch_shard(pool: np.ndarray, seed: int, epoch: int, rank: int, world: int, queries_per_epoch: int = 0) -> np.ndarray:
+    """This rank's queries of ``epoch`` (0-based): a slice of one permutation seeded by (seed, epoch).
+
+    Every rank gets the same count (the remainder, under ``world`` queries, sits out this epoch), so
+    all ranks take the same number of optimiser steps and meet at every gradient average."""
+    order = np.random.default_rng([seed, epoch]).permutation(pool)
+    if queries_per_epoch:
+        order = order[:queries_per_epoch]
+    per_rank = len(order) // world
+    return order[rank * per_rank : (rank + 1) * per_rank]
+
+
+def experiment_path(storage: str, name: str) -> str:
+    return join(storage, name)
+
+
+def run_exists(storage: str, name: str) -> bool:
+    """Whether Ray Train has a checkpoint record for ``name`` under ``storage``."""
+    path = join(experiment_path(storage, name), SNAPSHOT_FILE)
+    if not is_uri(path):
+        return Path(path).is_file()
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path)
+    return fs.get_file_info(inner).type == pafs.FileType.File
+
+
+def prepare_job(
+    artifacts: str, config_path: str | None, overrides: list[str], out: str, num_workers: int,
+    storage: str | None = None, name: str | None = None, resume: bool = False,
+) -> TrainingJob:
+    """Validate everything a run needs (artifacts, config, splits, sizes, earlier run) without Ray."""
+    from seeder.artifacts import open_artifacts
+    from seeder.train import TrainingData, _check, trainable_queries
+
+    if num_workers < 1:
+        raise ConfigError(f"--num-workers {num_workers}: need at least 1")
+    local = fetch(artifacts)
+    if not Path(local).is_dir():
+        raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
+    opened = open_artifacts(local)
+    config = resolve_config(opened.config, config_path, overrides)
+    _check(config)
+    train = TrainingData.from_artifacts(opened, "train")
+    val = TrainingData.from_artifacts(opened, "val")
+    trainable = len(trainable_queries(train, config))
+    usable = min(trainable, config.train.queries_per_epoch or trainable)
+    if usable < num_workers:
+        raise DataError(
+            f"{artifacts}: {usable} trainable training queries for {num_workers} workers; every worker needs "
+            "at least one (lower --num-workers or raise train.queries_per_epoch)"
+        )
+    out_dir = Path(out).resolve()
+    storage = storage if storage and is_uri(storage) else str(Path(storage or out_dir / "ray").resolve())
+    name = name or "train"
+    if run_exists(storage, name) and not resume:
+        raise DataError(
+            f"{experiment_path(storage, name)} already holds a training run; pass --resume to continue it "
+            "from its last checkpoint, or choose another --out/--name"
+        )
+    return TrainingJob(config, str(artifacts), out_dir, storage, name, trainable, len(val.subgraphs))
+
+
+# -- the per-worker loop (uses ray.train) -------------------------------------------------------------
+
+
+def _average_gradients_before_step(model, world: int):
+    """An optimiser pre-step hook averaging gradients over the ranks in one all-reduce.
+
+    The policy is driven through its methods (encode_nodes, propagate, expansion_logits, scores), not
+    ``forward``, and DDP only arms its reducer in ``forward``; so gradients are averaged explicitly.
+    ``seeder.train.train_step`` clips each rank's gradient before this runs (per-rank clipping)."""
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def hook(optimizer, args, kwargs):
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    return hook
+
+
+def _mean_over_ranks(values: dict[str, float], device) -> dict[str, float]:
+    import torch
+    import torch.distributed as dist
+
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, tensor.tolist())}
+
+
+def _wait_for_registration(experiment_dir: str, checkpoint_dir_name: str, timeout: float = 60.0) -> None:
+    """Test hook helper: wait until Ray's snapshot lists the checkpoint, so a kill right after it
+    leaves a resumable run (local storage only)."""
+    snapshot = Path(experiment_dir) / SNAPSHOT_FILE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if snapshot.is_file() and checkpoint_dir_name in snapshot.read_text():
+            return
+        time.sleep(0.2)
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train worker: restore or build the state, then per epoch train on this rank's shard, average
+    metrics, validate on rank 0, log to MLflow and report a checkpoint."""
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
+    from seeder import train as lib
+    from seeder.artifacts import open_artifacts
+
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    config = from_dict(SeederConfig, loop_config["config"])
+    cfg = config.train
+    if loop_config.get("torch_threads"):
+        torch.set_num_threads(int(loop_config["torch_threads"]))  # Ray gives workers OMP_NUM_THREADS=1
+    device = ray.train.torch.get_device()
+
+    artifacts = open_artifacts(fetch(loop_config["artifacts"]))
+    train_data = lib.TrainingData.from_artifacts(artifacts, "train")
+    pool = lib.trainable_queries(train_data, config)
+    per_rank = len(epoch_shard(pool, cfg.seed, 0, rank, world, cfg.queries_per_epoch))
+    val_data = None
+    if rank == 0:
+        val_data = lib.TrainingData.from_artifacts(artifacts, "val")
+        if cfg.val_queries and len(val_data.subgraphs) > cfg.val_queries:
+            pick = np.random.default_rng(cfg.seed).choice(len(val_data.subgraphs), cfg.val_queries, replace=False)
+            val_data = val_data.take(np.sort(pick))
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = lib.load_checkpoint(Path(directory) / CHECKPOINT_FILE)
+        if rank == 0:
+            print(f"resumed from checkpoint after epoch {state.epoch} ({checkpoint.path})", flush=True)
+    else:
+        state = lib.build_state(config, train_data.feature_dim, max(1, math.ceil(per_rank / cfg.batch_size)))
+    # Device placement only: see _average_gradients_before_step for why not DDP's wrapper.
+    state.model = ray.train.torch.prepare_model(state.model, parallel_strategy=None)
+    if world > 1:
+        for tensor in state.model.state_dict().values():
+            dist.broadcast(tensor, src=0)  # identical start on every rank, whatever the seeding
+        state.optimizer.register_step_pre_hook(_average_gradients_before_step(state.model, world))
+
+    run_id, uri = loop_config.get("mlflow_run_id"), loop_config.get("mlflow_uri")
+    exit_after = int(loop_config.get("exit_after_epoch") or 0)
+    while state.epoch < cfg.epochs:
+        epoch = state.epoch
+        shard = epoch_shard(pool, cfg.seed, epoch, rank, world, cfg.queries_per_epoch)
+        # Per-(epoch, rank) streams: ranks sample differently, and a resumed epoch replays exactly.
+        state.order_rng = np.random.default_rng([cfg.seed, epoch, rank])
+        state.sample_generator.manual_seed(cfg.seed * 1_000_003 + epoch * 1_009 + rank + 1)
+        local = lib.train_epoch(state, train_data.take(shard))
+        seconds = local.pop("epoch_seconds")
+        local_rate = local.pop("trajectories_per_second")
+        averaged = _mean_over_ranks(local, device) if world > 1 else local
+        metrics: dict[str, Any] = {"epoch": state.epoch}
+        metrics.update({METRIC_NAMES.get(k, k): v for k, v in averaged.items()})
+        metrics["epoch_seconds"] = seconds
+        metrics["trajectories_per_second"] = local_rate * world  # the ranks run side by side
+        if rank == 0:
+            start = time.perf_counter()
+            _, val = lib.evaluate(state.model, val_data, state.config)
+            metrics.update(val)  # hit_at_1, hit_at_5, recall_at_20, mrr, ...: validation
+            metrics["val_seconds"] = time.perf_counter() - start
+            state.best_metric = max(state.best_metric, metrics[SCORE_METRIC])
+            state.history.append({**{k: v for k, v in metrics.items() if k not in val},
+                                  **{f"val_{k}": v for k, v in val.items()}})
+            if run_id:
+                tracking.log_epoch_metrics(run_id, state.history[-1], step=state.epoch, uri=uri)
+            print(progress_line(state.history[-1], cfg.epochs), flush=True)
+        name = f"epoch_{state.epoch:04d}"
+        if rank == 0:
+            with tempfile.TemporaryDirectory() as directory:
+                lib.save_checkpoint(state, Path(directory) / CHECKPOINT_FILE)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                                 checkpoint_dir_name=name)
+        else:
+            ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
+        if exit_after and state.epoch == exit_after and rank == 0:
+            if loop_config.get("experiment_dir") and not is_uri(loop_config["experiment_dir"]):
+                _wait_for_registration(loop_config["experiment_dir"], name)
+            print(f"{EXIT_AFTER_EPOCH_ENV}={exit_after}: exiting after epoch {exit_after}", flush=True)
+            os._exit(3)
+
+
+def progress_line(row: dict[str, Any], epochs: int) -> str:
+    """One line per epoch: losses, reward, validation metrics, time and throughput."""
+    return (
+        f"epoch {row['epoch']}/{epochs}  loss {row['loss']:.4f} (rl {row['rl_loss']:.4f}, bpr {row['bpr_loss']:.4f})  "
+        f"reward {row['mean_reward']:.3f}  val hit@1 {row['val_hit_at_1']:.3f} hit@5 {row['val_hit_at_5']:.3f} "
+        f"mrr {row['val_mrr']:.3f} recall@20 {row['val_recall_at_20']:.3f}  "
+        f"{row['epoch_seconds']:.1f}s +val {row['val_seconds']:.1f}s  {row['trajectories_per_second']:.0f} traj/s"
+    )
+
+
+# -- the driver ---------------------------------------------------------------------------------------
+
+
+def start_ray(num_cpus: int | None = None):
+    import ray
+
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address and address != "local":
+            ray.init(address=address)
+        else:
+            # Embedded local Ray on the loopback interface, without a dashboard.
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+    return ray
+
+
+def run_training(
+    config: SeederConfig,
+    artifacts: str,
+    *,
+    storage: str,
+    name: str,
+    num_workers: int = 2,
+    use_gpu: bool = False,
+    cpus_per_worker: float = 1.0,
+    max_failures: int = 0,
+    mlflow_run_id: str | None = None,
+    mlflow_uri: str | None = None,
+    exit_after_epoch: int = 0,
+):
+    """Run the TorchTrainer and return Ray's ``Result`` (raises ``ray.train.TrainingFailedError``).
+
+    Usable inside a Tune trial (a function trainable that needs several workers starts this; give the
+    trial a small CPU share and ``cpus_per_worker`` the rest). Ray must be initialised by the caller."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    loop_config = {
+        "config": to_dict(config),
+        "artifacts": artifacts,
+        "mlflow_run_id": mlflow_run_id,
+        "mlflow_uri": mlflow_uri,
+        "exit_after_epoch": exit_after_epoch,
+        "experiment_dir": experiment_path(storage, name),
+        "torch_threads": max(1, int(cpus_per_worker)),
+    }
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=loop_config,
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
+        ),
+        run_config=RunConfig(
+            name=name,
+            storage_path=storage,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=2, checkpoint_score_attribute=SCORE_METRIC, checkpoint_score_order="max"
+            ),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+    return trainer.fit()
+
+
+def finish_run(result, job: TrainingJob, run_id: str | None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Copy the best checkpoint to OUT/best.pt with OUT/config.yaml, write the history and the curve,
+    and hand the model directory and plot to MLflow."""
+    import torch
+
+    best = result.get_best_checkpoint(metric=SCORE_METRIC, mode="max")
+    if best is None:
+        raise DataError(f"{experiment_path(job.storage, job.name)}: the run reported no checkpoint")
+    job.out.mkdir(parents=True, exist_ok=True)
+    with best.as_directory() as directory:
+        shutil.copyfile(Path(directory) / CHECKPOINT_FILE, job.out / "best.pt.tmp")
+    os.replace(job.out / "best.pt.tmp", job.out / "best.pt")
+    # The full history lives in the latest checkpoint (the best one may be older).
+    with result.checkpoint.as_directory() as directory:
+        payload = torch.load(Path(directory) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    history = payload["history"]
+    best_payload = torch.load(job.out / "best.pt", map_location="cpu", weights_only=False)
+    (job.out / "config.yaml").write_text(yaml.safe_dump(best_payload["config"], sort_keys=False))
+    (job.out / "history.json").write_text(json.dumps(history, indent=2))
+    plot = tracking.plot_training_curves(history, job.out / "training_curve.png")
+    summary = {"best_epoch": best_payload["epoch"], "best_val_recall_at_20": best_payload["best_metric"],
+               "epochs": len(history), "best": str(job.out / "best.pt")}
+    if run_id:
+        with tempfile.TemporaryDirectory() as model_dir:
+            shutil.copyfile(job.out / "best.pt", Path(model_dir) / "best.pt")
+            shutil.copyfile(job.out / "config.yaml", Path(model_dir) / "config.yaml")
+            tracking.log_epoch_metrics(run_id, {"best_val_recall_at_20": best_payload["best_metric"],
+                                                "best_epoch": best_payload["epoch"]}, step=len(history))
+            tracking.log_training_outputs(run_id, model_dir, plot)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI")
+    parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing ones come from the artifacts")
+    parser.add_argument("--num-workers", type=int, default=2, help="training workers (data-parallel ranks)")
+    parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker (also its torch threads)")
+    parser.add_argument("--out", default="runs/train", help="run directory: best.pt, config.yaml, history, plot")
+    parser.add_argument("--experiment", default="seeder-train", help="MLflow experiment")
+    parser.add_argument("--storage", help="Ray Train storage path or URI (default OUT/ray)")
+    parser.add_argument("--name", help="Ray Train run name under the storage (default 'train')")
+    parser.add_argument("--resume", action="store_true", help="continue the run under STORAGE/NAME from its last checkpoint")
+    parser.add_argument("--max-failures", type=int, default=1, help="worker failures retried from the last checkpoint")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.epochs=3 model.hidden_dim=64")
+    args = parser.parse_args(argv)
+    try:
+        job = prepare_job(args.artifacts, args.config, args.overrides, args.out, args.num_workers,
+                          args.storage, args.name, args.resume)
+        exit_after = int(os.environ.get(EXIT_AFTER_EPOCH_ENV, "0") or 0)
+    except (DataError, ConfigError, ValueError) as exc:
+        print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
+        return 2
+    job.out.mkdir(parents=True, exist_ok=True)
+    print(f"training on {job.trainable:,} trainable queries ({job.val_queries:,} val), {args.num_workers} "
+          f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}", flush=True)
+    run_id = None
+    if not args.no_mlflow:
+        run_id, resumed = tracking.start_or_resume_run(args.experiment, job.name, job.out, args.resume)
+        if not resumed:
+            tracking.log_params(run_id, {**flatten(job.config), "run.num_workers": args.num_workers,
+                                         "run.use_gpu": args.use_gpu, "run.artifacts": job.artifacts})
+        print(f"MLflow run {run_id} ({'continued' if resumed else 'new'}) in experiment '{args.experiment}' "
+              f"at {tracking.tracking_uri()}", flush=True)
+    start_ray()
+    import ray.train
+
+    try:
+        result = run_training(
+            job.config, job.artifacts, storage=job.storage, name=job.name, num_workers=args.num_workers,
+            use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
+            mlflow_run_id=run_id, mlflow_uri=tracking.tracking_uri() if run_id else None, exit_after_epoch=exit_after,
+        )
+    except ray.train.TrainingFailedError as exc:
+        print(f"pipelines/train.py: training failed: {exc}\nrerun the same command with --resume to continue "
+              "from the last checkpoint", file=sys.stderr)
+        return 1
+    summary = finish_run(result, job, run_id)
+    print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}) -> "
+          f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts}")
+    if run_id:
+        print(f"MLflow run {run_id}; open the UI with: {tracking.ui_hint()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
