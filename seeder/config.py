@@ -200,8 +200,8 @@ class BaselinesConfig:
     beam_hops: int = 2
     """Beam traversal: hops from the seeds."""
     beam_weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 1.0])
-    """Beam and A*: weights of sim(q,destination), sim(q,relation) and the previous path score in
-    a transition's score."""
+    """Beam: weights of sim(q,destination), sim(q,relation) and the previous path score in a
+    transition's score (A* uses the first two, with ``astar_discount`` for the third)."""
     beam_hop_penalty: float = 0.1
     """Beam and A*: subtracted from the path score at every hop (prefers short paths)."""
     astar_budget: int = 50
@@ -210,6 +210,11 @@ class BaselinesConfig:
     """A*-style search: the deepest hop that is expanded further."""
     astar_heuristic_weight: float = 1.0
     """A*-style search: weight of the node-query cosine heuristic added to the path score."""
+    astar_discount: float = 0.5
+    """A*-style search: weight of the parent's path score in a child's (replaces the beam's third
+    weight). 1 sums transitions as classic A* does, which makes every deeper node look better and
+    the search run depth-first; on 80 MetaQA 1-hop questions (hashed features) 1 gave Hit@20 0.11,
+    0.5 gave 0.55."""
     ppr_restart: float = 0.15
     """Personalized PageRank: restart probability."""
     ppr_iterations: int = 20

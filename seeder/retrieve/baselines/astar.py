@@ -1,7 +1,7 @@
 """A*-style best-first search (paper, Appendix E).
 
 States are nodes reached by a path from a dense seed. The path score g accumulates the beam's
-transition score (w_dst * cos(q, v) + w_rel * cos(q, r) + w_prev * g(u) - hop penalty); the
+transition score (w_dst * cos(q, v) + w_rel * cos(q, r) + discount * g(u) - hop penalty); the
 priority is g + w_h * cos(q, v), a heuristic of how promising the node itself looks. The search
 pops the highest priority, expands each node once, stops after ``astar_budget`` expansions and
 does not expand beyond ``astar_depth`` hops. The queue is sequential by nature, so this loops per
@@ -47,7 +47,8 @@ def astar_search(
     inputs: BaselineInputs, query_row: int, seeds: np.ndarray, seed_scores: np.ndarray, cfg: BaselinesConfig
 ) -> SearchTrace:
     """Best-first search for query row ``query_row`` from its seeds (-1 padded)."""
-    w_dst, w_rel, w_prev = transition_weights(cfg)
+    w_dst, w_rel, _ = transition_weights(cfg)
+    w_prev = cfg.astar_discount
     query = np.asarray(inputs.query_features[query_row], dtype=np.float32)
     relation_sim = np.asarray(inputs.relation_features, dtype=np.float32) @ query
     w_h = cfg.astar_heuristic_weight

@@ -52,7 +52,7 @@ def test_beam_hop_penalty_and_relation_weight_enter_the_score():
 
 def test_astar_expands_along_the_best_path():
     inputs = _inputs()
-    cfg = BaselinesConfig(astar_budget=10, astar_depth=2, astar_heuristic_weight=1.0, **CFG)
+    cfg = BaselinesConfig(astar_budget=10, astar_depth=2, astar_heuristic_weight=1.0, astar_discount=1.0, **CFG)
     trace = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), cfg)
     # Priorities g + cos: S 0.6; A 1.2 + 0.9; B 0.8 + 0.5; C 1.3 + 0.1; T 1.8 + 1.0; D 0.5 + 0.2.
     assert trace.nodes.tolist() == [S, A, C, B, T, D]
@@ -63,18 +63,18 @@ def test_astar_expands_along_the_best_path():
 
 def test_astar_budget_and_depth_bound_the_search():
     inputs = _inputs()
-    short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=3, astar_depth=2, **CFG))
+    short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=3, astar_depth=2, astar_discount=1.0, **CFG))
     assert short.nodes.tolist() == [S, A, C]
     # Left on the queue: B (priority 0.8 + 0.5) and D (0.5 + 0.2), best first.
     assert short.frontier.tolist() == [B, D]
     np.testing.assert_allclose(short.frontier_priority, [1.3, 0.7])
-    shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=10, astar_depth=1, **CFG))
+    shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=10, astar_depth=1, astar_discount=1.0, **CFG))
     assert T not in shallow.nodes.tolist() and set(shallow.nodes.tolist()) == {S, A, B, D}
 
 
 def test_retrievers_rank_reached_nodes_then_fill_by_cosine():
     inputs = _inputs()
-    cfg = BaselinesConfig(seeds=1, beam_width=2, astar_budget=4, astar_depth=2, **CFG)
+    cfg = BaselinesConfig(seeds=1, beam_width=2, astar_budget=4, astar_depth=2, astar_discount=1.0, **CFG)
     # The dense seed is T (cosine 1.0). Its only neighbour is B, whose only other neighbour is S:
     # path scores T 1.0, B 1.0 + 0.5, S 1.5 + 0.3. The rest follows by cosine: A, D, C.
     result = beam.retrieve(inputs, cfg, 6)
