@@ -165,47 +165,73 @@ class Rollout:
         num_queries, width = batch.num_queries, batch.width
         self.width = width
         self.num_copies = num_queries * copies
-        node_state = model.encode_nodes(
+        self.node_state = model.encode_nodes(
             batch.node_text, batch.query_features[batch.node_query], batch.hop, batch.flat_score
-        )
-        dense_state = node_state.new_zeros(num_queries * width, node_state.shape[1])
-        dense_state = dense_state.index_copy(0, batch.flat_position, node_state).view(num_queries, width, -1)
-        # Every copy of query b shares its node encodings.
+        )  # [n, hidden], shared by every copy of a query
+        self.dense_to_flat = torch.full((num_queries * width,), -1, dtype=torch.long)
+        self.dense_to_flat[batch.flat_position] = torch.arange(len(batch.flat_position))
+        self.query_ctx_per_query = model.encode_queries(batch.query_features)  # [B, hidden]
         self.copy_query = torch.arange(num_queries).repeat_interleave(copies)
-        self.state = dense_state[self.copy_query].reshape(self.num_copies * width, -1)
-        self.query_ctx = model.encode_queries(batch.query_features)[self.copy_query]  # [G, hidden]
+        self.query_ctx = self.query_ctx_per_query[self.copy_query]  # [G, hidden]
         self.relation_emb = model.encode_relations(relation_features)
-        # Edges of every copy at dense positions g * P + p.
-        edge_copy_base = (batch.edge_query * copies).repeat_interleave(copies) + torch.arange(copies).repeat(
-            len(batch.edge_query)
-        )
-        self.edge_src = edge_copy_base * width + batch.edge_src.repeat_interleave(copies)
-        self.edge_dst = edge_copy_base * width + batch.edge_dst.repeat_interleave(copies)
-        self.edge_type = batch.edge_type.repeat_interleave(copies)
-        self.expand = lambda x: x[self.copy_query]
+        self._edges: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def frontier(self, selected: torch.Tensor, cap: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-query [B, ...] tensor -> one row per copy [G, ...]."""
+        return x.repeat_interleave(self.copies, 0)
+
+    def edges(self, copies: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Edges of ``copies`` copies of every query, at dense positions g * P + p (cached)."""
+        if copies not in self._edges:
+            batch = self.batch
+            base = (batch.edge_query * copies).repeat_interleave(copies) + torch.arange(copies).repeat(len(batch.edge_query))
+            src = base * self.width + batch.edge_src.repeat_interleave(copies)
+            dst = base * self.width + batch.edge_dst.repeat_interleave(copies)
+            self._edges[copies] = (src, dst, batch.edge_type.repeat_interleave(copies))
+        return self._edges[copies]
+
+    def frontier(self, selected: torch.Tensor, cap: int, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """U_t: neighbours of V_t minus V_t, best ``cap`` by filter score. -> index [G, cap], ok [G, cap]."""
+        copies = self.copies if copies is None else copies
+        src, dst, _ = self.edges(copies)
         flat_selected = selected.reshape(-1)
         reached = torch.zeros_like(flat_selected)
-        reached[self.edge_dst[flat_selected[self.edge_src]]] = True
-        candidate = reached.view_as(selected) & ~selected & self.expand(self.batch.valid)
-        priority = self.expand(self.batch.filter_score).masked_fill(~candidate, float("-inf"))
+        reached[dst[flat_selected[src]]] = True
+        per_copy = lambda x: x.repeat_interleave(copies, 0)  # noqa: E731
+        candidate = reached.view_as(selected) & ~selected & per_copy(self.batch.valid)
+        priority = per_copy(self.batch.filter_score).masked_fill(~candidate, float("-inf"))
         index = torch.topk(priority, min(cap, self.width), dim=1).indices
         return index, candidate.gather(1, index)
 
-    def embed(self, active: torch.Tensor, selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed(self, active: torch.Tensor, selected: torch.Tensor, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """GNN on the disjoint union of every copy's induced subgraph on ``active`` [G, P].
         Returns node embeddings [n_active, hidden] and the compact index of every dense position."""
+        copies = self.copies if copies is None else copies
+        src, dst, edge_type = self.edges(copies)
         flat_active = active.reshape(-1)
         compact = torch.cumsum(flat_active.long(), 0) - 1
-        keep = flat_active[self.edge_src] & flat_active[self.edge_dst]
-        edge_index = torch.stack([compact[self.edge_src[keep]], compact[self.edge_dst[keep]]])
+        keep = flat_active[src] & flat_active[dst]
+        edge_index = torch.stack([compact[src[keep]], compact[dst[keep]]])
         positions = flat_active.nonzero().squeeze(1)
-        h = self.model.propagate(
-            self.state[positions], selected.reshape(-1)[positions], edge_index, self.edge_type[keep], self.relation_emb
-        )
+        # dense position g * P + p of copy g -> the query's own dense position (g // copies) * P + p
+        query_position = (positions // (self.width * copies)) * self.width + positions % self.width
+        state = self.node_state[self.dense_to_flat[query_position]]
+        h = self.model.propagate(state, selected.reshape(-1)[positions], edge_index, edge_type[keep], self.relation_emb)
         return h, compact
+
+    def _expansion_logits(
+        self, selected: torch.Tensor, cap: int, copies: int, query_ctx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        front_index, front_ok = self.frontier(selected, cap, copies)
+        rows = torch.arange(len(selected)).unsqueeze(1).expand_as(front_index)
+        active = selected.clone()
+        active[rows[front_ok], front_index[front_ok]] = True
+        h, compact = self.embed(active, selected, copies)
+        front_h = h[compact[rows * self.width + front_index].clamp_min(0)]  # absent entries masked by front_ok
+        logits = self.model.expansion_logits(
+            front_h.reshape(-1, h.shape[1]), query_ctx.repeat_interleave(front_index.shape[1], 0)
+        ).view_as(front_index)
+        return front_index, front_ok, logits
 
     def run(
         self, expansion_sizes: list[int], frontier_caps: list[int], greedy: torch.Tensor, temperature: float = 1.0,
@@ -217,15 +243,13 @@ class Rollout:
         log_prob = self.query_ctx.new_zeros(self.num_copies)
         rows = torch.arange(self.num_copies).unsqueeze(1)
         for step, (size, cap) in enumerate(zip(expansion_sizes, frontier_caps)):
-            front_index, front_ok = self.frontier(selected, cap)
-            active = selected.clone()
-            active[rows.expand_as(front_index)[front_ok], front_index[front_ok]] = True
-            h, compact = self.embed(active, selected)
-            front_flat = rows * self.width + front_index
-            front_h = h[compact[front_flat].clamp_min(0)]  # [G, cap, hidden]; absent rows masked below
-            logits = self.model.expansion_logits(
-                front_h.reshape(-1, h.shape[1]), self.query_ctx.repeat_interleave(front_index.shape[1], 0)
-            ).view_as(front_index)
+            if step == 0:
+                # Every copy starts from the same seeds: run the GNN once per query, share the logits.
+                seeds = self.batch.is_seed & self.batch.valid
+                front_index, front_ok, logits = self._expansion_logits(seeds, cap, 1, self.query_ctx_per_query)
+                front_index, front_ok, logits = self.expand(front_index), self.expand(front_ok), self.expand(logits)
+            else:
+                front_index, front_ok, logits = self._expansion_logits(selected, cap, self.copies, self.query_ctx)
             picks, pick_ok, step_log_prob = sample_top_k(logits, front_ok, size, greedy, temperature, generator)
             log_prob = log_prob + step_log_prob
             chosen = front_index.gather(1, picks)
