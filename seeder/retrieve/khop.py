@@ -168,15 +168,15 @@ class GraphIndex:
 
 
 class _Clock:
-    """Adds the seconds since the previous call to ``timings[phase]`` (no-op without a dict)."""
+    """Adds the CPU seconds since the previous call to ``timings[phase]`` (no-op without a dict)."""
 
     def __init__(self, timings: dict[str, float] | None):
         self.timings = timings
-        self.last = time.perf_counter()
+        self.last = time.process_time()
 
     def __call__(self, phase: str) -> None:
         if self.timings is not None:
-            now = time.perf_counter()
+            now = time.process_time()
             self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
             self.last = now
 
