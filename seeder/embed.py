@@ -148,7 +148,8 @@ class SentenceTransformerEncoder:
             self.model.half()
         self.batch_size = batch_size
         self.name = name or str(path)
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
 
     def encode(self, texts: list[str]) -> np.ndarray:
         out = self.model.encode(

@@ -1,0 +1,259 @@
+"""pipelines/preprocess.py end to end on a tiny graph with the hash encoder: artifacts, skipping,
+resuming after a kill, clear errors, and a run through `ray job submit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from seeder.artifacts import open_artifacts
+from seeder.io import DataError
+from seeder.preprocess import TEST_STOP_ENV, stage_fingerprints
+from seeder.config import load_config
+from seeder.store import open_dataset, write_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "pipelines" / "preprocess.py"
+# Small shards and blocks so that a tiny graph still has several of each (resume granularity).
+FLAGS = ["--shard-rows", "100", "--query-block", "10"]
+OVERRIDES = ["embed.encoder=hash", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
+STAGE_NAMES = ("embed", "features", "seeds", "subgraphs")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
+    env.pop(TEST_STOP_ENV, None)
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def run_job(dataset: Path, out: Path, *extra: str, env: dict[str, str] | None = None, timeout: int = 600):
+    cmd = [sys.executable, str(SCRIPT), "--dataset", str(dataset), "--out", str(out), "--ray-address", "local",
+           "--num-cpus", "2", *FLAGS, *OVERRIDES, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> Path:
+    """300 nodes, 1,500 edges, 4 relations, 40 queries over three splits with a ``hop`` attribute."""
+    rng = np.random.default_rng(7)
+    n, e, r, q = 300, 1500, 4, 40
+    names = [f"entity {i} {['red', 'blue', 'green', 'tall', 'old'][i % 5]}" for i in range(n)]
+    nodes = pa.table({"id": np.arange(n), "type": ["thing"] * n, "name": names, "text": names})
+    relations = pa.table({
+        "id": np.arange(r, dtype=np.int32), "name": [f"rel{i}" for i in range(r)],
+        "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse of relation {i}" for i in range(r)],
+    })
+    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
+    edges = pa.table({"src": src, "dst": dst, "relation": rng.integers(0, r, e).astype(np.int32)})
+    topic = rng.integers(0, n, q)
+    # Answers are graph neighbours of the named entity, so a good subgraph can contain them.
+    answers = [[int(dst[np.flatnonzero(src == t)][0])] if (src == t).any() else [int(t)] for t in topic]
+    queries = pa.table({
+        "id": np.arange(q) * 7 + 3,  # not contiguous: ids are kept, never assumed to be row numbers
+        "text": [f"what is related to {names[t]}" for t in topic],
+        "answers": answers,
+        "split": np.array(["train", "val", "test"])[np.arange(q) % 3],
+        "hop": (np.arange(q) % 2 + 1).astype(np.int64),
+    })
+    return write_dataset(tmp_path_factory.mktemp("data") / "tiny", nodes, relations, edges, queries)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dataset, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("art") / "reference"
+    result = run_job(tiny_dataset, out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def _assert_same_artifacts(a: Path, b: Path) -> None:
+    x, y = open_artifacts(a), open_artifacts(b)
+    for name in ("node_features", "relation_features", "query_features", "query_ids"):
+        np.testing.assert_array_equal(getattr(x, name), getattr(y, name), err_msg=name)
+    for left, right in zip(x.seeds(), y.seeds()):
+        np.testing.assert_array_equal(left, right)
+    sx, sy = x.subgraphs(), y.subgraphs()
+    assert len(np.unique(sy.query_ids)) == len(sy.query_ids) == len(x.query_ids)
+    assert sx.equals(sy)
+
+
+def test_job_writes_every_artifact(reference, tiny_dataset):
+    art = open_artifacts(reference)
+    kg = open_dataset(tiny_dataset)
+    assert art.node_features.shape == (300, 16) and art.relation_features.shape == (8, 16)
+    assert art.query_features.shape == (40, 16)
+    np.testing.assert_allclose(np.linalg.norm(art.node_features, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(art.query_ids, np.sort(kg.queries.column("id").to_numpy()))
+    # Features of a query are its text's hash embedding, PCA-projected: check one by hand.
+    from seeder.embed import HashEncoder, PCA, apply_pca
+
+    pca = PCA.load(reference / "features" / "pca.npz")
+    texts = dict(zip(kg.queries.column("id").to_pylist(), kg.queries.column("text").to_pylist()))
+    expected = apply_pca(HashEncoder(dim=64).encode([texts[int(art.query_ids[5])]]), pca)
+    np.testing.assert_allclose(art.query_features[5], expected[0], atol=1e-5)
+
+    query_ids, seeds, scores = art.seeds()
+    assert seeds.shape == (40, 3) and (seeds >= 0).all()
+    np.testing.assert_allclose(scores[:, 0], np.max(art.query_features @ art.node_features.T, axis=1), atol=1e-5)
+
+    subgraphs = art.subgraphs()
+    np.testing.assert_array_equal(subgraphs.query_ids, art.query_ids)
+    assert (subgraphs.sizes <= 30).all() and (subgraphs.sizes > 3).all()
+    assert set(subgraphs.splits.tolist()) == {"train", "val", "test"}
+    assert len(art.subgraphs("val")) == 13
+
+    summary = json.loads((reference / "summary.json").read_text())
+    assert set(summary["stages"]) == set(STAGE_NAMES)
+    assert summary["stages"]["embed"]["items"] == 300 + 8 + 40
+    hit = float(np.mean(np.bincount(np.repeat(np.arange(40), subgraphs.sizes)[subgraphs.is_answer], minlength=40) > 0))
+    assert summary["ceiling"]["all"]["all"]["hit_any"] == pytest.approx(hit)
+    assert {"hop=1", "hop=2"} <= set(summary["ceiling"]["test"])
+    manifest = json.loads((reference / "manifest.json").read_text())
+    assert manifest["fingerprints"] == stage_fingerprints(load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint)
+
+
+def test_rerun_skips_every_stage_without_starting_ray(reference, tiny_dataset):
+    before = {s: (reference / s / "manifest.json").stat().st_mtime_ns for s in STAGE_NAMES}
+    result = run_job(tiny_dataset, reference)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for stage in STAGE_NAMES:
+        assert f"{stage}: " in result.stdout and "(skipped: up to date" in result.stdout
+    assert result.stdout.count("skipped: up to date") == 4
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+    assert before == {s: (reference / s / "manifest.json").stat().st_mtime_ns for s in STAGE_NAMES}
+
+
+def test_missing_dataset_and_bad_config_fail_fast_with_a_clear_message(tmp_path, tiny_dataset):
+    result = run_job(tmp_path / "nowhere", tmp_path / "out")
+    assert result.returncode == 2
+    assert "no such dataset directory" in result.stderr and "seeder import" in result.stderr
+    result = run_job(tiny_dataset, tmp_path / "out", "reduce.dim=100")
+    assert result.returncode == 2 and "reduce.dim=100 exceeds embed.hash_dim=64" in result.stderr
+    result = run_job(tiny_dataset, tmp_path / "out", "expand.hops=3")
+    assert result.returncode == 2 and "needs one entry per hop" in result.stderr
+    result = run_job(tiny_dataset, tmp_path / "out", "embed.encodr=hash")
+    assert result.returncode == 2 and "unknown key embed.encodr" in result.stderr
+    assert not (tmp_path / "out" / "embed").exists()
+
+
+@pytest.mark.slow
+def test_killed_runs_resume_to_the_same_artifacts(reference, tiny_dataset, tmp_path):
+    out = tmp_path / "killed"
+    # Killed inside the embedding stage after one shard: nothing downstream exists, embed looks incomplete.
+    first = run_job(tiny_dataset, out, env=_env(**{TEST_STOP_ENV: "embed:1"}))
+    assert first.returncode == 137, first.stdout[-2000:] + first.stderr[-2000:]
+    assert not (out / "embed").exists() and len(list((out / ".embed.partial").rglob("part-*.parquet"))) >= 1
+    # Resumed, then killed inside the expansion stage after two of its four blocks.
+    second = run_job(tiny_dataset, out, env=_env(**{TEST_STOP_ENV: "subgraphs:2"}))
+    assert second.returncode == 137, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "embed: resuming" in second.stdout
+    assert len(list((out / ".subgraphs.partial").glob("part-*.parquet"))) >= 2
+    with pytest.raises(DataError, match="missing or incomplete"):
+        open_artifacts(out).subgraphs()
+    third = run_job(tiny_dataset, out)
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+    assert "subgraphs: resuming" in third.stdout and third.stdout.count("skipped: up to date") == 3
+    assert not (out / ".subgraphs.partial").exists()
+    _assert_same_artifacts(reference, out)
+
+
+@pytest.mark.slow
+def test_a_changed_config_section_reruns_only_its_stage_and_downstream(reference, tiny_dataset, tmp_path):
+    import shutil
+
+    out = tmp_path / "changed"
+    shutil.copytree(reference, out)
+    result = run_job(tiny_dataset, out, "expand.budget=20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("skipped: up to date") == 3  # embed, features, seeds
+    assert (open_artifacts(out).subgraphs().sizes <= 20).all()
+
+
+# -- ray job submit against a real head ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_head(head: subprocess.Popen, temp_dir: Path) -> None:
+    """Stop only this test's cluster: `ray stop` would stop every Ray process on the machine,
+    including other people's, so kill the head's process group, then any process of its temp dir."""
+    import psutil
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            head.wait(timeout=15)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    mine = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if str(temp_dir) in " ".join(proc.info["cmdline"] or []):
+                mine.append(proc)
+        except psutil.Error:
+            pass
+    for proc in mine:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.slow
+def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset, tmp_path):
+    ray_bin = Path(sys.executable).with_name("ray")
+    temp_dir = Path("/tmp") / f"rt-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
+    dashboard = _free_port()
+    ports = {
+        "--port": _free_port(), "--dashboard-port": dashboard, "--ray-client-server-port": _free_port(),
+        "--dashboard-agent-listen-port": _free_port(), "--metrics-export-port": _free_port(),
+    }
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", "--num-cpus=2", "--node-ip-address=127.0.0.1",
+         "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}", *[f"{k}={v}" for k, v in ports.items()]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            probe = subprocess.run([str(ray_bin), "job", "list", "--address", address], capture_output=True, text=True, env=_env())
+            if probe.returncode == 0:
+                break
+            assert head.poll() is None, "ray start --head exited early"
+            assert time.time() < deadline, f"the head's dashboard never answered: {probe.stderr[-1000:]}"
+            time.sleep(2)
+        out = tmp_path / "submitted"
+        job = subprocess.run(
+            [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
+             "python", "pipelines/preprocess.py", "--dataset", str(tiny_dataset), "--out", str(out), *FLAGS, *OVERRIDES],
+            capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO,
+        )
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+        assert "succeeded" in job.stdout
+        assert "Started a local Ray instance" not in job.stdout  # it joined the head
+        _assert_same_artifacts(reference, out)
+    finally:
+        _kill_head(head, temp_dir)
