@@ -10,6 +10,7 @@ Each section is owned by one stage of the pipeline:
 - ``model``: the policy network (``seeder.model``)
 - ``train``: REINFORCE + BPR training (``seeder.train``)
 - ``eval``: metrics and rankings (``seeder.metrics``)
+- ``synth``: the synthetic graph generator (``seeder.synth``)
 """
 
 from __future__ import annotations
@@ -240,6 +241,35 @@ class BaselinesConfig:
 
 
 @dataclass
+class SynthConfig:
+    """The synthetic relation-tracing graph of ``seeder synth`` (paper, Definition B.1); the defaults are
+    the small graph the demo runs end to end."""
+
+    nodes: int = 2_000
+    """N: nodes of the graph."""
+    relations: int = 8
+    """k: permutation relations (Definition B.1); each adds N edges."""
+    max_path_length: int = 2
+    """L: queries follow 1..L relations, uniformly."""
+    queries: int = 1_500
+    """Queries generated (start node and relation sequence uniform at random)."""
+    hubs: int = 4
+    """Hub nodes, each with ``hub_degree`` extra ``features`` edges (0 for none)."""
+    hub_degree: int = 100
+    """Extra out-edges of each hub (capped at N - 1)."""
+    multi_answer_frac: float = 0.2
+    """Share of queries whose last hop is the multi-valued ``associate of`` relation (0 for none)."""
+    multi_answer_fanout: int = 3
+    """c: permutations united into ``associate of``; a multi-answer query has up to c answers."""
+    val_fraction: float = 0.1
+    """Share of queries in the val split."""
+    test_fraction: float = 0.1
+    """Share of queries in the test split."""
+    seed: int = 0
+    """Seed of every random choice; the same seed gives the same bytes."""
+
+
+@dataclass
 class SeederConfig:
     """The whole configuration of a SeedER run, one section per stage."""
 
@@ -257,6 +287,8 @@ class SeederConfig:
     """REINFORCE + BPR training."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation."""
+    synth: SynthConfig = field(default_factory=SynthConfig)
+    """The synthetic graph generator (``seeder synth``); ignored by the other stages."""
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
     """The comparison suite: Table 1's baselines plus BM25 and hybrid."""
 

@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,37 +37,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seeder.config import ConfigError, from_dict
+from seeder.config import ConfigError, SynthConfig, from_dict, load_config
 from seeder.importers import progress
 from seeder.store import write_dataset
-
-
-@dataclass
-class SynthConfig:
-    """Parameters of ``seeder synth``; the defaults are the small graph the demo runs end to end."""
-
-    nodes: int = 2_000
-    """N: nodes of the graph."""
-    relations: int = 8
-    """k: permutation relations (Definition B.1); each adds N edges."""
-    max_path_length: int = 2
-    """L: queries follow 1..L relations, uniformly."""
-    queries: int = 1_500
-    """Queries generated (start node and relation sequence uniform at random)."""
-    hubs: int = 4
-    """Hub nodes, each with ``hub_degree`` extra ``features`` edges (0 for none)."""
-    hub_degree: int = 100
-    """Extra out-edges of each hub (capped at N - 1)."""
-    multi_answer_frac: float = 0.2
-    """Share of queries whose last hop is the multi-valued ``associate of`` relation (0 for none)."""
-    multi_answer_fanout: int = 3
-    """c: permutations united into ``associate of``; a multi-answer query has up to c answers."""
-    val_fraction: float = 0.1
-    """Share of queries in the val split."""
-    test_fraction: float = 0.1
-    """Share of queries in the test split."""
-    seed: int = 0
-    """Seed of every random choice; the same seed gives the same bytes."""
 
 
 KINDS = ["city", "person", "company", "river", "mountain", "film", "book", "planet", "team", "festival", "ship", "island"]
@@ -292,22 +263,10 @@ def synthesize(cfg: SynthConfig, out: str | Path, overwrite: bool = False) -> di
 
 
 def load_synth_config(path: str | Path | None, overrides: dict[str, Any]) -> SynthConfig:
-    """Defaults, then a YAML file of SynthConfig fields (e.g. configs/synth_default.yaml), then flags."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        import yaml
-
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"synth config {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"synth config {path} must be a mapping of SynthConfig fields")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return from_dict(SynthConfig, data)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc}" + (f" in {path}" if path else "")) from None
+    """Defaults, then the ``synth`` section of a config file (e.g. configs/synth_default.yaml), then flags."""
+    base = dataclasses.asdict(load_config(path).synth)
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(SynthConfig, base, prefix="synth.")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -323,7 +282,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--out", required=True, help="dataset directory to create")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    parser.add_argument("--config", help="YAML file of synth parameters (e.g. configs/synth_default.yaml)")
+    parser.add_argument("--config", help="config file whose `synth` section holds the parameters (e.g. configs/synth_default.yaml)")
     from seeder.config import field_docs
 
     docs = field_docs(SynthConfig)

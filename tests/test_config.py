@@ -102,8 +102,6 @@ def test_repo_configs_load():
 
     sections = {f.name for f in dataclasses.fields(SeederConfig)}
     for path in sorted((REPO / "configs").glob("*.yaml")):
-        if path.name.startswith("synth"):
-            continue  # SynthConfig fields for `seeder synth --config` (tested in test_synth.py)
         data = yaml.safe_load(path.read_text())
         if isinstance(data, dict) and sections & set(data):
             load_config(path)

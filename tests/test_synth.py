@@ -104,11 +104,11 @@ def test_names_unique_and_question_names_start_but_not_answer(kg):
 
 def test_cli_flags_override_yaml_and_unknown_keys_fail(tmp_path):
     cfg_file = tmp_path / "s.yaml"
-    cfg_file.write_text("nodes: 50\nqueries: 20\nhubs: 1\nhub_degree: 5\n")
+    cfg_file.write_text("synth:\n  nodes: 50\n  queries: 20\n  hubs: 1\n  hub_degree: 5\n")
     assert load_synth_config(cfg_file, {"queries": 30}).queries == 30
     assert load_synth_config(cfg_file, {}).nodes == 50
-    cfg_file.write_text("nodez: 50\n")
-    with pytest.raises(ConfigError, match="unknown key nodez"):
+    cfg_file.write_text("synth:\n  nodez: 50\n")
+    with pytest.raises(ConfigError, match="unknown key synth.nodez"):
         load_synth_config(cfg_file, {})
     out = tmp_path / "ds"
     assert main(["synth", "--out", str(out), "--nodes", "80", "--queries", "40", "--hubs", "1", "--hub-degree", "10"]) == 0
