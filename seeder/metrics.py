@@ -12,7 +12,8 @@ the ranking have no rank. From those ranks:
   ``set_size`` entries); ``set_size``: its mean size.
 
 Every metric is a per-query value averaged over queries, overall and per attribute value
-(``"hop=2"``). Metric names avoid ``@`` (MLflow rejects it).
+(``"hop=2"``; only scalar attributes with at most ``MAX_GROUPS_PER_ATTRIBUTE`` values). Metric names
+avoid ``@`` (MLflow rejects it).
 """
 
 from __future__ import annotations
@@ -82,13 +83,34 @@ def per_query_metrics(
     return out
 
 
+MAX_GROUPS_PER_ATTRIBUTE = 50
+"""Attributes with more distinct values (a start node id, a free-text field) get no breakdown."""
+
+
+def _attribute_labels(column) -> np.ndarray | None:
+    """One string label per query, or None for attributes that do not make groups: list-valued
+    ones (a relation path) and ones with more than ``MAX_GROUPS_PER_ATTRIBUTE`` values."""
+    try:
+        array = np.asarray(column)
+    except ValueError:  # ragged lists
+        return None
+    if array.ndim != 1:
+        return None
+    if array.dtype == object and any(isinstance(v, (list, tuple, dict, np.ndarray)) for v in array):
+        return None
+    labels = array.astype(str)
+    return labels if len(np.unique(labels)) <= MAX_GROUPS_PER_ATTRIBUTE else None
+
+
 def _group_means(values: dict[str, np.ndarray], attributes: dict[str, np.ndarray] | None) -> dict[str, dict]:
     num_q = len(next(iter(values.values()))) if values else 0
     groups: dict[str, np.ndarray] = {"all": np.ones(num_q, dtype=bool)}
     for name, column in (attributes or {}).items():
-        labels = np.asarray(column).astype(str)
-        if len(labels) != num_q:
-            raise ValueError(f"attribute {name!r} has {len(labels)} values for {num_q} queries")
+        if len(column) != num_q:
+            raise ValueError(f"attribute {name!r} has {len(column)} values for {num_q} queries")
+        labels = _attribute_labels(column)
+        if labels is None:
+            continue
         for value in sorted(np.unique(labels).tolist(), key=lambda s: (len(s), s)):
             groups[f"{name}={value}"] = labels == value
     out = {}

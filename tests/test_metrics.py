@@ -82,3 +82,25 @@ def test_subgraph_ceiling():
     assert out["all"]["recall_any"] == pytest.approx((1 + 0 + 0.5) / 3)
     assert out["all"]["size"] == pytest.approx(3)
     assert out["kind=a"]["queries"] == 2 and out["kind=a"]["recall_any"] == pytest.approx(0.75)
+
+
+def test_list_valued_and_high_cardinality_attributes_make_no_groups():
+    ranking = [[1, 2], [3, 4], [5, 6]]
+    attributes = {
+        "path": np.asarray([[0, 1], [2], [1, 1]], dtype=object),  # relation sequences
+        "start": np.arange(3),  # fine with 3 queries ...
+        "multi": np.array([True, False, True]),
+    }
+    out = evaluate(result(ranking, [2, 2, 2]), np.array([0, 1, 2, 3]), np.array([1, 4, 9]), attributes, ks=(1,))
+    assert "path=[0, 1]" not in out and not any(k.startswith("path") for k in out)
+    assert out["multi=True"]["queries"] == 2 and out["multi=True"]["hit_at_1"] == 0.5
+    assert out["start=1"]["queries"] == 1
+    many = {"start": np.arange(3)}
+    import seeder.metrics as metrics
+
+    old, metrics.MAX_GROUPS_PER_ATTRIBUTE = metrics.MAX_GROUPS_PER_ATTRIBUTE, 2
+    try:
+        out = evaluate(result(ranking, [2, 2, 2]), np.array([0, 1, 2, 3]), np.array([1, 4, 9]), many, ks=(1,))
+    finally:
+        metrics.MAX_GROUPS_PER_ATTRIBUTE = old
+    assert list(out) == ["all"]
