@@ -1,0 +1,346 @@
+"""Hyperparameter sweep on Ray Tune: Optuna TPE + ASHA, one MLflow parent run, one child run per trial.
+
+    python tune/sweep.py --artifacts A [--config FILE] --num-samples N [--max-concurrent K]
+        [--gpus-per-trial G] [--space FILE] [--epochs E] [--name NAME] [--storage PATH_OR_URI]
+        [--resume] [KEY=VALUE ...]
+
+Each trial trains the policy epoch by epoch (``seeder.sweep.run_trial``) and reports validation
+Recall@20 (``seeder.sweep.METRIC``) so that ASHA stops weak trials early. At the end, the best trial
+by that metric is registered as ``seeder-<artifacts dir name>`` with alias ``champion``, evaluated on
+the test split through ``models:/...@champion`` (the same path as ``seeder evaluate``), and the parent
+run receives its test metrics, the results table and the plots. ``--resume`` continues an interrupted
+sweep of the same ``--name`` without rerunning finished trials. The Ray-free pieces live in
+``seeder.sweep``; this file only wires them into Ray Tune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# Persist the experiment state often, so that an interruption loses at most a few seconds of it.
+os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
+
+from seeder import sweep as sw  # noqa: E402
+from seeder.config import ConfigError, SeederConfig, from_dict, load_config, to_dict  # noqa: E402
+from seeder.io import DataError  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
+
+
+def build_config(artifacts, config_path: str | None, overrides: list[str]) -> SeederConfig:
+    """The user's model/train/eval config on top of the artifacts' own preprocessing sections."""
+    config = load_config(config_path, overrides)
+    merged = to_dict(config)
+    base = to_dict(artifacts.config)
+    for section in sw.PREPROCESSING_SECTIONS:
+        merged[section] = base[section]
+    return from_dict(SeederConfig, merged)
+
+
+def ray_space(space: dict[str, sw.Dimension]) -> dict:
+    from ray import tune
+
+    out = {}
+    for key, dim in space.items():
+        if dim.kind == "choice":
+            out[key] = tune.choice(list(dim.values))
+        elif dim.kind == "uniform":
+            out[key] = tune.uniform(dim.low, dim.high)
+        elif dim.kind == "loguniform":
+            out[key] = tune.loguniform(dim.low, dim.high)
+        else:
+            out[key] = tune.randint(int(dim.low), int(dim.high) + 1)  # randint's upper end is exclusive
+    return out
+
+
+def trial_index(trial_id: str) -> int:
+    """Ray's trial ids end in a running number (``a1b2c_00003``)."""
+    tail = trial_id.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def name_of(trial) -> str:
+    return sw.trial_name(trial_index(trial.trial_id), trial.config)
+
+
+def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float) -> None:
+    """One trial: a child MLflow run, then ``run_trial`` reporting each epoch to Tune."""
+    import torch
+    from ray import tune
+
+    from seeder.artifacts import open_artifacts
+    from seeder.train import TrainingData
+
+    torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
+    name = sw.trial_name(trial_index(tune.get_context().get_trial_id()), params)
+    run = None
+    try:
+        config = sw.apply_params(from_dict(SeederConfig, base_config), params)
+        run = sw.TrialRun(tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name, sw.trial_params(config, params))
+        if gpus > 1:
+            # Several GPUs per trial: Ray Train's TorchTrainer inside the trial (colleague E1's pipeline).
+            sys.path.insert(0, str(REPO_ROOT))
+            from pipelines.train import run_training  # noqa: PLC0415
+
+            run_training(artifacts=artifacts_path, config=config, num_workers=int(gpus), use_gpu=True, report=tune.report)
+            run.finish("FINISHED")
+            return
+        artifacts = open_artifacts(artifacts_path)
+        train_data = TrainingData.from_artifacts(artifacts, "train")
+        val_data = TrainingData.from_artifacts(artifacts, "val")
+        checkpoint = tune.get_checkpoint()
+
+        def report(metrics: dict, checkpoint_dir: Path) -> None:
+            run.log_epoch(metrics, int(metrics["epoch"]))
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+
+        if checkpoint is not None:
+            with checkpoint.as_directory() as resume_dir:
+                sw.run_trial(config, train_data, val_data, report, Path(resume_dir), on_best=run.log_best)
+        else:
+            sw.run_trial(config, train_data, val_data, report, on_best=run.log_best)
+        run.finish("FINISHED")
+    except BaseException as exc:
+        # ASHA stopping a trial ends its thread from inside tune.report: not a failure (the driver
+        # marks such runs FINISHED with seeder.stopped_early); anything else is.
+        if run is not None and isinstance(exc, Exception):
+            run.finish("FAILED", error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def start_ray(num_cpus: int | None):
+    import ray
+
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+    return ray
+
+
+def collect(result_grid, epochs: int) -> list[dict]:
+    """One record per trial: name, status (FINISHED / STOPPED_EARLY / FAILED), epochs, best metric, params."""
+    records = []
+    for result in result_grid:
+        frame = result.metrics_dataframe
+        done = 0 if frame is None or frame.empty else int(frame["training_iteration"].max())
+        best = None
+        if frame is not None and not frame.empty and sw.METRIC in frame:
+            values = frame[sw.METRIC].dropna()
+            best = float(values.max() if sw.MODE == "max" else values.min()) if len(values) else None
+        status = "FAILED" if result.error else ("FINISHED" if done >= epochs else "STOPPED_EARLY")
+        params = {k: v for k, v in (result.config or {}).items()}
+        records.append(
+            {"trial": Path(result.path).name, "status": status, "epochs": done, sw.METRIC: best,
+             "error": str(result.error) if result.error else None, **params}
+        )
+    return records
+
+
+def finish_child_runs(client, experiment_id: str, parent_run_id: str, records: list[dict]) -> dict[str, str]:
+    """Each trial's child run gets its final status; returns trial name -> run id."""
+    runs = {r.data.tags.get("seeder.trial"): r for r in sw.find_child_runs(client, experiment_id, parent_run_id)}
+    ids = {}
+    for record in records:
+        run = runs.get(record["trial"])
+        if run is None:
+            continue
+        ids[record["trial"]] = run.info.run_id
+        client.set_tag(run.info.run_id, "seeder.status", record["status"])
+        if record["status"] == "FAILED":
+            if run.info.status != "FAILED":
+                client.set_terminated(run.info.run_id, status="FAILED")
+        elif run.info.status != "FINISHED":
+            client.set_terminated(run.info.run_id, status="FINISHED")
+    return ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tune/sweep.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
+    parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing keys come from the artifacts")
+    parser.add_argument("--num-samples", type=int, default=8, help="trials to run (default 8)")
+    parser.add_argument("--max-concurrent", type=int, default=2, help="trials at a time (default 2)")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial; torch threads match (default 1)")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; above 1 the trial runs Ray Train workers")
+    parser.add_argument("--space", help="YAML space file extending the default space (e.g. configs/sweep_space_extended.yaml)")
+    parser.add_argument("--epochs", type=int, help="epochs per trial (ASHA's max_t); default train.epochs")
+    parser.add_argument("--grace-epochs", type=int, default=1, help="epochs every trial gets before ASHA may stop it")
+    parser.add_argument("--queries-per-epoch", type=int, help="train.queries_per_epoch: training queries sampled per epoch")
+    parser.add_argument("--val-queries", type=int, help="train.val_queries: validation queries evaluated per epoch")
+    parser.add_argument("--name", help="sweep name (default sweep-<artifacts dir name>); also the Ray experiment directory")
+    parser.add_argument("--storage", default="runs/sweeps", help="Ray Tune storage path or URI (default runs/sweeps)")
+    parser.add_argument("--experiment", default="seeder-sweeps", help="MLflow experiment (default seeder-sweeps)")
+    parser.add_argument("--model-name", help="registered model name (default seeder-<artifacts dir name>)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Optuna sampler")
+    parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep --name in --storage")
+    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded local Ray (default: all)")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.batch_size=8")
+    args = parser.parse_args(argv)
+    try:
+        return run_sweep(args)
+    except (DataError, ConfigError) as exc:
+        print(f"tune/sweep.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from seeder import tracking
+    from seeder.artifacts import open_artifacts
+
+    artifacts = open_artifacts(args.artifacts)
+    artifacts_path = str(Path(args.artifacts).resolve())
+    dataset_name = Path(artifacts_path).name
+    overrides = list(args.overrides)
+    if args.epochs:
+        overrides.append(f"train.epochs={args.epochs}")
+    if args.queries_per_epoch is not None:
+        overrides.append(f"train.queries_per_epoch={args.queries_per_epoch}")
+    if args.val_queries is not None:
+        overrides.append(f"train.val_queries={args.val_queries}")
+    config = build_config(artifacts, args.config, overrides)
+    space = sw.load_space(args.space)
+    name = args.name or f"sweep-{dataset_name}"
+    model_name = args.model_name or f"seeder-{dataset_name}"
+    storage = args.storage if "://" in args.storage else str(Path(args.storage).resolve())
+    experiment_dir = Path(storage) / name if "://" not in storage else None
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    experiment_id = tracking.setup(args.experiment)
+    uri = mlflow.get_tracking_uri()
+    client = MlflowClient(uri)
+    state_path = experiment_dir / STATE_FILE if experiment_dir else None
+
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    resuming = args.resume and tune.Tuner.can_restore(str(Path(storage) / name) if experiment_dir else f"{storage}/{name}")
+    if args.resume and not resuming:
+        print(f"nothing to resume at {storage}/{name}; starting the sweep", file=sys.stderr)
+    if resuming and state_path and state_path.is_file():
+        state = json.loads(state_path.read_text())
+        parent_run_id = state["parent_run_id"]
+        client.update_run(parent_run_id, status="RUNNING")
+        print(f"resuming sweep {name} (MLflow parent run {parent_run_id})", file=sys.stderr)
+    else:
+        if experiment_dir and experiment_dir.exists() and not args.resume:
+            raise ConfigError(f"sweep {name} already exists in {storage}; pass --resume to continue it or another --name")
+        parent = client.create_run(experiment_id, run_name=name, tags={"seeder.kind": "sweep", "seeder.artifacts": artifacts_path})
+        parent_run_id = parent.info.run_id
+        client.log_param(parent_run_id, "num_samples", args.num_samples)
+        client.log_param(parent_run_id, "max_concurrent", args.max_concurrent)
+        client.log_param(parent_run_id, "epochs", config.train.epochs)
+        client.log_param(parent_run_id, "metric", f"{sw.METRIC} ({sw.MODE})")
+        client.log_param(parent_run_id, "space", json.dumps({k: [d.kind, list(d.values) or [d.low, d.high]] for k, d in space.items()})[:6000])
+        if state_path:
+            state_path.parent.mkdir(parents=True, exist_ok=True)
+            state_path.write_text(json.dumps({"parent_run_id": parent_run_id, "experiment_id": experiment_id}))
+
+    start_ray(args.num_cpus)
+    resources = {"cpu": args.cpus_per_trial}
+    if args.gpus_per_trial:
+        resources["gpu"] = args.gpus_per_trial
+    fn = tune.with_resources(
+        tune.with_parameters(
+            trainable,
+            artifacts_path=artifacts_path,
+            base_config=to_dict(config),
+            tracking={"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent_run_id},
+            cpus=args.cpus_per_trial,
+            gpus=args.gpus_per_trial,
+        ),
+        resources,
+    )
+    started = time.perf_counter()
+    if resuming:
+        tuner = tune.Tuner.restore(str(experiment_dir) if experiment_dir else f"{storage}/{name}", trainable=fn,
+                                   resume_errored=False, restart_errored=False)
+    else:
+        searcher = ConcurrencyLimiter(OptunaSearch(seed=args.seed), max_concurrent=args.max_concurrent)
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=config.train.epochs,
+                                  grace_period=max(1, min(args.grace_epochs, config.train.epochs)), reduction_factor=2)
+        tuner = tune.Tuner(
+            fn,
+            param_space=ray_space(space),
+            tune_config=tune.TuneConfig(
+                metric=sw.METRIC, mode=sw.MODE, search_alg=searcher, scheduler=scheduler,
+                num_samples=args.num_samples, max_concurrent_trials=args.max_concurrent,
+                trial_name_creator=name_of, trial_dirname_creator=name_of,
+            ),
+            run_config=tune.RunConfig(
+                name=name, storage_path=storage,
+                failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                verbose=1,
+            ),
+        )
+    result_grid = tuner.fit()
+    seconds = time.perf_counter() - started
+    records = collect(result_grid, config.train.epochs)
+    run_ids = finish_child_runs(client, experiment_id, parent_run_id, records)
+    for record in records:
+        record["mlflow_run_id"] = run_ids.get(record["trial"])
+    counts = {s: sum(r["status"] == s for r in records) for s in ("FINISHED", "STOPPED_EARLY", "FAILED")}
+    client.log_metric(parent_run_id, "sweep_seconds", seconds)
+    for status, count in counts.items():
+        client.log_metric(parent_run_id, f"trials_{status.lower()}", count)
+    print(f"sweep {name}: {len(records)} trials in {seconds:.0f} s: " + ", ".join(f"{v} {k.lower()}" for k, v in counts.items()))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = sw.write_report(records, space, Path(tmp))
+        print(sw.to_markdown(report["table"]))
+        if report["importances"]:
+            print("parameter importances: " + ", ".join(f"{k} {v:.2f}" for k, v in report["importances"].items()))
+        client.log_artifacts(parent_run_id, tmp, "sweep")
+
+    candidates = [r for r in records if r["status"] != "FAILED" and r[sw.METRIC] is not None and r["mlflow_run_id"]]
+    if not candidates:
+        client.set_terminated(parent_run_id, status="FAILED")
+        print("no trial completed an epoch: nothing to register", file=sys.stderr)
+        return 1
+    best = max(candidates, key=lambda r: r[sw.METRIC] if sw.MODE == "max" else -r[sw.METRIC])
+    version = tracking.register_model(best["mlflow_run_id"], model_name, alias="champion")
+    champion = f"models:/{model_name}@champion"
+    client.set_tag(parent_run_id, "seeder.champion_trial", best["trial"])
+    client.set_tag(parent_run_id, "seeder.champion_run_id", best["mlflow_run_id"])
+    client.set_tag(parent_run_id, "seeder.champion_model", f"{champion} (version {version})")
+    client.log_metric(parent_run_id, f"best_{sw.METRIC}", best[sw.METRIC])
+    print(f"champion: {best['trial']} ({sw.METRIC} {best[sw.METRIC]:.4f}) registered as {model_name} version {version}, alias champion")
+
+    from seeder.evaluate import format_table, run_evaluation
+
+    if len(artifacts.subgraphs("test")) == 0:
+        print("the artifacts have no test split: the champion is not evaluated on test", file=sys.stderr)
+    else:
+        # Same call as `seeder evaluate --method seeder --split test --model models:/NAME@champion`.
+        test = run_evaluation(artifacts, ["seeder"], "test", artifacts.config, model=champion)
+        overall = test["methods"]["seeder"]["all"]
+        metrics = {f"test_{k}": float(v) for k, v in overall.items() if isinstance(v, (int, float)) and k != "queries"}
+        for key, value in metrics.items():
+            client.log_metric(parent_run_id, key, value)
+            client.log_metric(best["mlflow_run_id"], key, value)
+        print(format_table(test, artifacts.config.eval.ks))
+    client.set_terminated(parent_run_id, status="FINISHED")
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
