@@ -21,6 +21,14 @@ from seeder.config import ConfigError, SeedConfig
 STRATEGIES = ("dense", "entity", "dense+entity")
 MAX_NGRAM = 12
 """Longest name, in tokens, that entity linking looks for (longer names are ignored)."""
+STOP_WORDS = frozenset(
+    """a about after all also an and any are as at be been before but by can could did do does
+    for from had has have he her here him his how i if in into is it its me more most my no not of
+    on one or our out over she so some than that the their them then there these they this those
+    to up was we were what when where which while who whom whose why will with would you your""".split()
+)
+"""Names made only of these words (MetaQA has films called "What?", "Her", "Up") are not linked:
+every question would match them."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,7 +135,8 @@ class EntityLinker:
     """Finds node names mentioned in plain query text (exact match after normalisation).
 
     Built once per graph: node names are normalised with Arrow kernels, names shorter than
-    ``seed.entity_min_chars`` (or longer than ``MAX_NGRAM`` tokens) are dropped, and a dict maps each
+    ``seed.entity_min_chars``, longer than ``MAX_NGRAM`` tokens or made only of ``STOP_WORDS`` are
+    dropped, and a dict maps each
     distinct normalised name to a slice of node ids (several nodes may share a name; they come in id
     order). A query then looks up its word n-grams, longest first.
     """
@@ -137,7 +146,10 @@ class EntityLinker:
         names = normalise_texts(kg.nodes.column("name"))
         lengths = pc.utf8_length(names).to_numpy(zero_copy_only=False)
         tokens = pc.list_value_length(pc.split_pattern(names, " ")).to_numpy(zero_copy_only=False)
-        usable = (lengths >= max(seed_config.entity_min_chars, 1)) & (tokens <= MAX_NGRAM)
+        only_stop_words = pc.match_substring_regex(
+            names, pattern="^(" + "|".join(sorted(STOP_WORDS)) + r")( (" + "|".join(sorted(STOP_WORDS)) + "))*$"
+        ).to_numpy(zero_copy_only=False)
+        usable = (lengths >= max(seed_config.entity_min_chars, 1)) & (tokens <= MAX_NGRAM) & ~only_stop_words
         node_ids = np.flatnonzero(usable)
         encoded = pc.dictionary_encode(names.filter(pa.array(usable))).combine_chunks()
         codes = encoded.indices.to_numpy(zero_copy_only=False)

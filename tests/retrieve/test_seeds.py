@@ -60,19 +60,20 @@ def test_memmap_node_features(tmp_path):
 
 
 def test_entity_linking_plain_text(tmp_path):
-    names = ["The Matrix", "Matrix", "Keanu Reeves", "Reeves", "It", "The Matrix Reloaded", "Lana  Wachowski!"]
+    names = ["The Matrix", "Matrix", "Keanu Reeves", "Reeves", "It", "The Matrix Reloaded", "Lana  Wachowski!", "What?", "The Who"]
     kg = make_graph(tmp_path / "kg", [0], [2], [0], len(names), 1, names=names)
     linker = EntityLinker(kg, SeedConfig(entity_min_chars=3, entity_max=3))
     found = linker.link(
         [
             "who starred in the matrix reloaded with keanu reeves",
-            "what did it do",  # "It" is shorter than entity_min_chars
+            "what did it do",  # "It" is shorter than entity_min_chars, "What?" only a stop word
             "films by lana wachowski, and the MATRIX?",
             "nothing here",
         ]
     )
     assert found[0].tolist() == [5, 2]  # longest mention first; "matrix" inside it is not re-used
     assert found[1].tolist() == []
+    assert EntityLinker(kg, SeedConfig()).link(["the who played what"])[0].tolist() == []  # stop words only
     assert found[2].tolist() == [6, 0]
     assert found[3].dtype == np.int64 and len(found[3]) == 0
     capped = EntityLinker(kg, SeedConfig(entity_max=1)).link(["keanu reeves in the matrix"])
