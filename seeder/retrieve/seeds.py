@@ -38,14 +38,26 @@ every question would match them."""
 def _block_topk(scores: np.ndarray, k: int, first_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k columns of each row of ``scores`` with ties at the k-th value broken by smallest id.
 
-    argpartition alone picks an arbitrary subset of tied values; instead we take every value above
-    the k-th largest and then the lowest-id ties, so the result does not depend on the block layout.
-    Returned columns are in ascending id order (not sorted by score).
+    argpartition alone picks an arbitrary subset of values tied with the k-th largest, so rows with
+    such a tie are redone exactly (``_block_topk_ties``); the others keep argpartition's answer.
+    Returned columns are not sorted by score.
     """
     rows, width = scores.shape
     if k >= width:
         ids = np.broadcast_to(np.arange(width, dtype=np.int64) + first_id, (rows, width))
         return ids.copy(), scores.copy()
+    cols = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    values = np.take_along_axis(scores, cols, axis=1)
+    kth = values.min(axis=1)
+    tied_rows = np.flatnonzero((scores == kth[:, None]).sum(axis=1) > 1)
+    if len(tied_rows):
+        cols[tied_rows], values[tied_rows] = _block_topk_ties(scores[tied_rows], k)
+    return cols.astype(np.int64) + first_id, values
+
+
+def _block_topk_ties(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k columns (k < width): every value above the k-th largest, then the lowest-id ties."""
+    rows = len(scores)
     kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
     above = scores > kth[:, None]
     tied = scores == kth[:, None]
@@ -53,7 +65,7 @@ def _block_topk(scores: np.ndarray, k: int, first_id: int) -> tuple[np.ndarray, 
     keep = above | (tied & (np.cumsum(tied, axis=1) <= need[:, None]))
     row_idx, col_idx = np.nonzero(keep)  # row-major: exactly k per row, columns ascending
     cols = col_idx.reshape(rows, k)
-    return cols.astype(np.int64) + first_id, np.take_along_axis(scores, cols, axis=1)
+    return cols, np.take_along_axis(scores, cols, axis=1)
 
 
 def _merge_topk(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
