@@ -156,3 +156,12 @@ def test_cosine_paths_agree_and_descending_keys():
     values = np.array([0.5, -0.5, 0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 0.5], np.float32)
     order = np.argsort(_descending_bits(values), kind="stable")
     assert order.tolist() == [4, 0, 8, 6, 2, 3, 7, 1, 5]  # descending; equal values keep input order
+
+
+def test_no_queries_and_no_seeds(random_graph):
+    kg, _, rng = random_graph
+    nf, rf = normalised(rng, kg.num_nodes, 8), normalised(rng, 2 * kg.num_relations, 8)
+    empty = run(kg, nf, rf, np.zeros((0, 8), np.float32), np.zeros((0, 3), np.int64), ExpandConfig())
+    assert len(empty) == 0 and empty.node_ptr.tolist() == [0] and empty.edge_ptr.tolist() == [0]
+    none = run(kg, nf, rf, normalised(rng, 2, 8), np.full((2, 3), -1), ExpandConfig())
+    assert none.sizes.tolist() == [0, 0] and len(none.edge_src) == 0
