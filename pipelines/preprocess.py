@@ -23,25 +23,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 
 from seeder import preprocess as pp
-from seeder.config import ConfigError, EmbedConfig, SeederConfig, load_config, to_dict
+from seeder.embed import EncoderUDF
+from seeder.config import ConfigError, SeederConfig, load_config, to_dict
 from seeder.io import DataError, now, read_manifest, write_manifest
 from seeder.store import KnowledgeGraph, open_dataset
-
-
-class EncoderUDF:
-    """A Ray Data actor holding one loaded encoder; every output row keeps its kind, row and id."""
-
-    def __init__(self, embed_config: dict, num_threads: int):
-        import torch
-
-        torch.set_num_threads(max(1, int(num_threads)))  # Ray sets OMP_NUM_THREADS=1 in actors
-        from seeder.embed import load_encoder
-
-        self.encoder = load_encoder(EmbedConfig(**embed_config))
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        embedding = self.encoder.encode(batch["text"].tolist())
-        return {"kind": batch["kind"], "row": batch["row"], "id": batch["id"], "embedding": embedding}
 
 
 def start_ray(address: str | None, num_cpus: int | None):

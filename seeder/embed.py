@@ -190,6 +190,22 @@ def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     )
 
 
+class EncoderUDF:
+    """A batch callable holding one loaded encoder, for an actor pool (``map_batches``): every output
+    row keeps its ``kind``, ``row`` and ``id``, since a distributed map does not keep row order."""
+
+    def __init__(self, embed_config: dict, num_threads: int):
+        import torch
+
+        # Ray starts actors with OMP_NUM_THREADS=1: match torch's threads to the CPUs given.
+        torch.set_num_threads(max(1, int(num_threads)))
+        self.encoder = load_encoder(EmbedConfig(**embed_config))
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        embedding = self.encoder.encode(batch["text"].tolist())
+        return {"kind": batch["kind"], "row": batch["row"], "id": batch["id"], "embedding": embedding}
+
+
 # ---------------------------------------------------------------------------------------------------
 # PCA (Appendix D.1)
 
