@@ -63,14 +63,23 @@ def ray_space(space: dict[str, sw.Dimension]) -> dict:
     return out
 
 
-def trial_index(trial_id: str) -> int:
-    """Ray's trial ids end in a running number (``a1b2c_00003``)."""
-    tail = trial_id.rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
+class TrialNamer:
+    """Numbers trials in the order Tune creates them (Ray's trial ids are random hex): t000, t001...
 
+    Used as both trial_name_creator and trial_dirname_creator, so a trial's name is its directory
+    name; a resumed sweep numbers its new trials after the directories already there.
+    """
 
-def name_of(trial) -> str:
-    return sw.trial_name(trial_index(trial.trial_id), trial.config)
+    def __init__(self, experiment_dir: Path | None):
+        taken = [int(p.name[1:4]) for p in experiment_dir.glob("t[0-9][0-9][0-9]-*")] if experiment_dir and experiment_dir.is_dir() else []
+        self.next_index = max(taken, default=-1) + 1
+        self.names: dict[str, str] = {}
+
+    def __call__(self, trial) -> str:
+        if trial.trial_id not in self.names:
+            self.names[trial.trial_id] = sw.trial_name(self.next_index, trial.config)
+            self.next_index += 1
+        return self.names[trial.trial_id]
 
 
 def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float) -> None:
@@ -82,7 +91,7 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
     from seeder.train import TrainingData
 
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
-    name = sw.trial_name(trial_index(tune.get_context().get_trial_id()), params)
+    name = tune.get_context().get_trial_name()  # TrialNamer's t003-h32-l3-lr1e-3-d0.1
     run = None
     try:
         config = sw.apply_params(from_dict(SeederConfig, base_config), params)
@@ -118,15 +127,17 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
         raise
 
 
-def start_ray(num_cpus: int | None):
+def start_ray(address: str | None, num_cpus: int | None):
+    """Join ``address`` (or RAY_ADDRESS, set by ``ray job submit``); otherwise start an embedded local
+    Ray on the loopback interface, never an unrelated cluster that happens to run on this machine."""
     import ray
 
     if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
+        address = address or os.environ.get("RAY_ADDRESS")
+        if address and address != "local":
             ray.init(address=address)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
     return ray
 
 
@@ -186,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-name", help="registered model name (default seeder-<artifacts dir name>)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Optuna sampler")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep --name in --storage")
+    parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded local Ray (default: all)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.batch_size=8")
     args = parser.parse_args(argv)
@@ -253,7 +265,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_text(json.dumps({"parent_run_id": parent_run_id, "experiment_id": experiment_id}))
 
-    start_ray(args.num_cpus)
+    start_ray(args.ray_address, args.num_cpus)
     resources = {"cpu": args.cpus_per_trial}
     if args.gpus_per_trial:
         resources["gpu"] = args.gpus_per_trial
@@ -273,6 +285,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         tuner = tune.Tuner.restore(str(experiment_dir) if experiment_dir else f"{storage}/{name}", trainable=fn,
                                    resume_errored=False, restart_errored=False)
     else:
+        namer = TrialNamer(experiment_dir)
         searcher = ConcurrencyLimiter(OptunaSearch(seed=args.seed), max_concurrent=args.max_concurrent)
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=config.train.epochs,
                                   grace_period=max(1, min(args.grace_epochs, config.train.epochs)), reduction_factor=2)
@@ -282,7 +295,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             tune_config=tune.TuneConfig(
                 metric=sw.METRIC, mode=sw.MODE, search_alg=searcher, scheduler=scheduler,
                 num_samples=args.num_samples, max_concurrent_trials=args.max_concurrent,
-                trial_name_creator=name_of, trial_dirname_creator=name_of,
+                trial_name_creator=namer, trial_dirname_creator=namer,
             ),
             run_config=tune.RunConfig(
                 name=name, storage_path=storage,
@@ -293,6 +306,13 @@ def run_sweep(args: argparse.Namespace) -> int:
         )
     result_grid = tuner.fit()
     seconds = time.perf_counter() - started
+    if result_grid.num_terminated + result_grid.num_errors < max(len(result_grid), args.num_samples):
+        # Ctrl-C (or SIGTERM): Tune saved its state; finished trials are kept and are not rerun.
+        print(f"sweep {name} interrupted after {seconds:.0f} s with {result_grid.num_terminated} trials done; "
+              f"continue it with: python tune/sweep.py --artifacts {args.artifacts} --name {name} "
+              f"--storage {storage} --resume", file=sys.stderr)
+        ray.shutdown()
+        return 130
     records = collect(result_grid, config.train.epochs)
     run_ids = finish_child_runs(client, experiment_id, parent_run_id, records)
     for record in records:

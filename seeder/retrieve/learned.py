@@ -41,12 +41,26 @@ class LearnedRetriever:
         return self.rank(subgraphs, query_features)[0]
 
 
+def model_checkpoint(model: str) -> Path:
+    """The checkpoint file of a path, a ``runs:/`` URI or ``models:/NAME@champion`` (seeder.tracking);
+    a model directory (the MLflow ``model/`` artifact) holds ``checkpoint.pt`` or ``best.pt``."""
+    from seeder.tracking import resolve_model
+
+    path = resolve_model(model)
+    if path.is_dir():
+        found = [path / name for name in ("checkpoint.pt", "best.pt") if (path / name).is_file()]
+        if not found:
+            raise DataError(f"model {model}: directory {path} holds no checkpoint.pt or best.pt")
+        path = found[0]
+    return path
+
+
 def load_retriever(artifacts, config: SeederConfig, model: str | None) -> LearnedRetriever:
     from seeder.train import load_model
 
     if not model:
         raise DataError("method 'seeder' needs a trained model: pass --model RUN/best.pt (from python -m seeder.train)")
-    policy, model_config = load_model(model)
+    policy, model_config = load_model(model_checkpoint(model))
     dim = int(artifacts.node_features.shape[1])
     if policy.feature_dim != dim:
         raise DataError(
