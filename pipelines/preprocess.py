@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,9 +39,18 @@ def start_ray(address: str | None, num_cpus: int | None):
     if address and address != "local":
         ray.init(address=address, log_to_driver=True)
     else:
-        # Embedded local Ray, bound to the loopback interface, without a dashboard.
-        ray.init(address="local" if address == "local" else None, num_cpus=num_cpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1")
+        # Embedded local Ray, bound to the loopback interface, without a dashboard. Ray gives its
+        # raylet a fixed 30 s to register; on an overloaded machine that can fail, so try again.
+        for attempt in range(3):
+            try:
+                ray.init(address="local" if address == "local" else None, num_cpus=num_cpus,
+                         include_dashboard=False, _node_ip_address="127.0.0.1")
+                break
+            except Exception as exc:  # Ray raises a bare Exception for this timeout
+                if "timed out during startup" not in str(exc) or attempt == 2:
+                    raise
+                print(f"preprocess: Ray did not start ({exc}); retrying", file=sys.stderr, flush=True)
+                ray.shutdown()
     return ray
 
 
@@ -73,10 +83,15 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         batch_rows = max(ec.batch_size, args.udf_batch)
         # The texts go through a Parquet file (not the driver's object store) in several blocks, so
         # that every actor of the pool gets work.
+        # One file per block: Ray Data reads a Parquet file as one block whatever its row groups.
         chunks = max(actors * 4, table.num_rows // (batch_rows * 4) + 1)
-        inputs_file = work / "inputs.parquet"
-        pp.write_table_atomic(table, inputs_file, row_group_size=-(-table.num_rows // chunks))
-        ds = ray.data.read_parquet(str(inputs_file), override_num_blocks=chunks)
+        inputs_dir = work / "inputs"
+        shutil.rmtree(inputs_dir, ignore_errors=True)
+        inputs_dir.mkdir()
+        step = -(-table.num_rows // chunks)
+        for i, start in enumerate(range(0, table.num_rows, step)):
+            pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
+        ds = ray.data.read_parquet(str(inputs_dir), file_extensions=["parquet"])
         ds = ds.map_batches(
             EncoderUDF,
             fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
@@ -90,6 +105,7 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
                 pp.maybe_stop_for_test("embed", collector.written)
         if collector.unfinished():
             raise DataError(f"embed: the encoder returned incomplete blocks: {collector.unfinished()[:3]}")
+    shutil.rmtree(work / "inputs", ignore_errors=True)
     (work / "inputs.parquet").unlink(missing_ok=True)
     info = pp.finish_embed(work, kg)
     return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows)}

@@ -195,11 +195,13 @@ class EncoderUDF:
     row keeps its ``kind``, ``row`` and ``id``, since a distributed map does not keep row order."""
 
     def __init__(self, embed_config: dict, num_threads: int):
-        import torch
+        config = EmbedConfig(**embed_config)
+        if config.encoder != "hash":  # the hashing encoder never needs torch
+            import torch
 
-        # Ray starts actors with OMP_NUM_THREADS=1: match torch's threads to the CPUs given.
-        torch.set_num_threads(max(1, int(num_threads)))
-        self.encoder = load_encoder(EmbedConfig(**embed_config))
+            # Ray starts actors with OMP_NUM_THREADS=1: match torch's threads to the CPUs given.
+            torch.set_num_threads(max(1, int(num_threads)))
+        self.encoder = load_encoder(config)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         embedding = self.encoder.encode(batch["text"].tolist())

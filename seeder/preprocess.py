@@ -469,14 +469,22 @@ def query_attributes(kg: KnowledgeGraph, query_ids: np.ndarray) -> dict[str, np.
     return {n: np.asarray(table.column(n).to_pylist(), dtype=object)[rows] for n in names}
 
 
+MAX_ATTRIBUTE_VALUES = 20  # attributes with more values (free-text types, ids) are not broken down
+
+
 def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
-    """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split."""
+    """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split, and per
+    value of each low-cardinality query attribute (e.g. ``hop``)."""
     from seeder.metrics import subgraph_ceiling
 
     out: dict[str, Any] = {}
     for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
         part = subgraphs if split == "all" else subgraphs.select_split(split)
-        out[split] = subgraph_ceiling(part, query_attributes(kg, part.query_ids) or None)
+        attributes = {
+            name: values for name, values in query_attributes(kg, part.query_ids).items()
+            if len(set(values.tolist())) <= MAX_ATTRIBUTE_VALUES
+        }
+        out[split] = subgraph_ceiling(part, attributes or None)
     return out
 
 

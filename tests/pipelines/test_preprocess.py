@@ -248,7 +248,7 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
         out = tmp_path / "submitted"
         job = subprocess.run(
             [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
-             "python", "pipelines/preprocess.py", "--dataset", str(tiny_dataset), "--out", str(out), *FLAGS, *OVERRIDES],
+             sys.executable, "pipelines/preprocess.py", "--dataset", str(tiny_dataset), "--out", str(out), *FLAGS, *OVERRIDES],
             capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO,
         )
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
