@@ -103,13 +103,18 @@ def node_query_cosines(
     if share_frequent and len(nodes) > 4 * num_q:
         # Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored
         # against every query with one matrix product instead of one gathered row per pair.
-        uniq, inverse, counts = np.unique(nodes, return_inverse=True, return_counts=True)
-        frequent = counts * FREQUENT_SHARE >= num_q
-        if frequent.any():
-            slot = np.cumsum(frequent) - 1
-            table = np.asarray(node_features[uniq[frequent]], dtype=np.float32) @ query_features.T
-            shared = frequent[inverse]
-            out[shared] = table[slot[inverse[shared]], rows[shared]]
+        num_nodes = len(node_features)
+        if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
+            counts = np.bincount(nodes, minlength=num_nodes)
+            frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
+        else:
+            uniq, counts = np.unique(nodes, return_counts=True)
+            frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
+        if len(frequent_nodes):
+            slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
+            shared = frequent_nodes[slot] == nodes
+            table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
+            out[shared] = table[slot[shared], rows[shared]]
             rest = np.flatnonzero(~shared)
             out[rest] = node_query_cosines(node_features, nodes[rest], query_features, rows[rest], chunk, False)
             return out
