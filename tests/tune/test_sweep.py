@@ -1,0 +1,235 @@
+"""tune/sweep.py end to end on tiny artifacts: a real `mlflow server`, the MLflow UI in headless
+chromium, a failing trial, and an interrupted sweep that resumes without rerunning finished trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from seeder.sweep import METRIC
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "tune" / "sweep.py"
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
+# Tiny trials: a few queries per epoch, small models.
+TRIAL_ARGS = ["--epochs", "2", "--queries-per-epoch", "24", "--val-queries", "16", "--num-cpus", "2",
+              "train.num_trajectories=4", "train.batch_size=8", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,12]"]
+SPACE = """
+model.hidden_dim: [8, 16]
+model.num_layers: [1, 2]
+model.dropout: null
+# [30, 3] exceeds train.frontier_caps[0]: those trials raise a ConfigError in the trainer.
+train.expansion_sizes: [[3, 3], [30, 3]]
+"""
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """A 300-node synthetic graph preprocessed with the hash encoder on an embedded Ray."""
+    root = tmp_path_factory.mktemp("sweep-data")
+    subprocess.run([sys.executable, "-m", "seeder.cli", "synth", "--out", str(root / "ds"), "--nodes", "300",
+                    "--relations", "4", "--queries", "160", "--hubs", "2", "--hub-degree", "20"],
+                   check=True, env=ENV, capture_output=True)
+    out = root / "art"
+    proc = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "ds"),
+                           "--out", str(out), "--ray-address", "local", "embed.encoder=hash", "embed.hash_dim=32",
+                           "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
+                          env=ENV, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on a free loopback port (sqlite store, served artifacts)."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
+        cwd=root, env=ENV, stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail(f"mlflow server did not answer /health in 2 minutes: {(root / 'server.log').read_text()[-2000:]}")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its job-runner workers: our own session
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def sweep(args: list[str], cwd: Path, env: dict, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SWEEP), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def server_sweep(artifacts, mlflow_server, tmp_path_factory):
+    """4 trials, 2 at a time, against the real server; some trials fail by construction."""
+    root = tmp_path_factory.mktemp("sweep-server")
+    (root / "space.yaml").write_text(SPACE)
+    env = dict(ENV, MLFLOW_TRACKING_URI=mlflow_server)
+    proc = sweep(["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "2", "--space",
+                  str(root / "space.yaml"), "--name", "srv", "--storage", str(root / "ray"), "--seed", "3", *TRIAL_ARGS],
+                 root, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return mlflow_server, proc
+
+
+def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, artifacts):
+    from mlflow import MlflowClient
+
+    url, proc = server_sweep
+    client = MlflowClient(url)
+    experiment = client.get_experiment_by_name("seeder-sweeps")
+    parents = client.search_runs([experiment.experiment_id], "tags.`seeder.kind` = 'sweep'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) == 4
+    names = sorted(c.info.run_name for c in children)
+    assert [n[:5] for n in names] == ["t000-", "t001-", "t002-", "t003-"]
+    failed = [c for c in children if c.info.status == "FAILED"]
+    ok = [c for c in children if c.info.status == "FINISHED"]
+    # Exactly the trials given expansion sizes [30, 3] failed, and the sweep went on with the others.
+    assert {c.info.run_id for c in failed} == {c.info.run_id for c in children if c.data.params["train.expansion_sizes"] == "[30, 3]"}
+    assert failed and ok, "seed 3 should draw both expansion-size choices; pick another --seed if Optuna changed"
+    assert all("frontier_caps" in c.data.tags["seeder.error"] for c in failed)
+    for child in ok:
+        history = client.get_metric_history(child.info.run_id, METRIC)
+        # Two epochs, or one when ASHA stopped the trial at its first rung.
+        epochs = 2 if child.data.tags["seeder.status"] == "FINISHED" else 1
+        assert [m.step for m in history] == list(range(1, epochs + 1))
+        assert {f.path for f in client.list_artifacts(child.info.run_id, "model")} == {"model/checkpoint.pt", "model/config.yaml"}
+    # The champion: the best child by validation recall, registered with alias `champion`.
+    version = client.get_model_version_by_alias(f"seeder-{artifacts.name}", "champion")
+    best = max(ok, key=lambda c: max(m.value for m in client.get_metric_history(c.info.run_id, METRIC)))
+    assert version.run_id == best.info.run_id == parent.data.tags["seeder.champion_run_id"]
+    assert 0.0 <= parent.data.metrics["test_recall_at_20"] <= 1.0
+    sweep_files = {f.path for f in client.list_artifacts(parent.info.run_id, "sweep")}
+    assert {"sweep/results.csv", "sweep/results.md", "sweep/metric_vs_params.png"} <= sweep_files
+    assert "| trial | status |" in proc.stdout
+
+
+def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tmp_path):
+    from mlflow import MlflowClient
+
+    url, _ = server_sweep
+    client = MlflowClient(url)
+    parent = client.search_runs([client.get_experiment_by_name("seeder-sweeps").experiment_id], "tags.`seeder.kind` = 'sweep'")[0]
+    out = tmp_path / "test.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", str(artifacts), "--split", "test", "--method", "seeder",
+         "--model", f"models:/seeder-{artifacts.name}@champion", "--json", str(out)],
+        env=dict(ENV, MLFLOW_TRACKING_URI=url), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    overall = json.loads(out.read_text())["methods"]["seeder"]["all"]
+    for key in ("recall_at_20", "hit_at_1", "mrr"):
+        assert overall[key] == pytest.approx(parent.data.metrics[f"test_{key}"], abs=1e-9)
+
+
+def chromium_dom(url: str, profile: Path) -> str:
+    proc = subprocess.run(
+        [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
+         "--virtual-time-budget=15000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=180,
+    )
+    return proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_mlflow_ui_lists_the_sweeps_runs(server_sweep, tmp_path):
+    from mlflow import MlflowClient
+
+    url, _ = server_sweep
+    client = MlflowClient(url)
+    experiment = client.get_experiment_by_name("seeder-sweeps").experiment_id
+    parent = client.search_runs([experiment], "tags.`seeder.kind` = 'sweep'")[0]
+    children = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    # The runs table shows the sweep's parent run (its trials are nested under it) ...
+    dom = chromium_dom(f"{url}/#/experiments/{experiment}/runs", tmp_path / "profile")
+    assert parent.info.run_name in dom
+    # ... and the comparison view lists every trial by name.
+    ids = ",".join(f'"{c.info.run_id}"' for c in children)
+    dom = chromium_dom(f'{url}/#/compare-runs?runs=[{ids}]&experiments=["{experiment}"]', tmp_path / "profile")
+    missing = [c.info.run_name for c in children if c.info.run_name not in dom]
+    assert not missing, f"the MLflow UI did not render runs {missing}"
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, tmp_path):
+    """Ctrl-C after two trials finished; --resume completes the sweep and leaves those two alone."""
+    import sqlite3
+
+    db = tmp_path / "runs" / "mlflow.db"
+    args = ["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "1", "--name", "res",
+            "--storage", str(tmp_path / "ray"), "--grace-epochs", "2", *TRIAL_ARGS]
+    proc = subprocess.Popen([sys.executable, str(SWEEP), *args], cwd=tmp_path, env=ENV,
+                            stdout=open(tmp_path / "first.log", "wb"), stderr=subprocess.STDOUT)
+
+    def finished_trials() -> list[str]:
+        if not db.is_file():
+            return []
+        try:
+            with sqlite3.connect(db) as con:
+                return [r[0] for r in con.execute("select name from runs where status = 'FINISHED' and name like 't0%'")]
+        except sqlite3.OperationalError:
+            return []
+
+    deadline = time.time() + 300
+    while len(finished_trials()) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(1)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted: " + (tmp_path / "first.log").read_text()[-2000:]
+    time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
+    done_before = finished_trials()
+    assert 2 <= len(done_before) < 4
+    experiment_dir = tmp_path / "ray" / "res"
+    stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
+    assert len(stamps) == len(done_before)
+
+    second = sweep([*args, "--resume"], tmp_path, ENV)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
+    assert "resuming sweep res" in second.stderr
+    trial_dirs = sorted(p.name for p in experiment_dir.glob("t[0-9]*") if p.is_dir())
+    assert len(trial_dirs) == 4, trial_dirs
+    for name, stamp in stamps.items():
+        assert (experiment_dir / name / "result.json").stat().st_mtime_ns == stamp, f"finished trial {name} was rerun"
+    with sqlite3.connect(db) as con:
+        runs = con.execute("select name, status from runs where name like 't0%'").fetchall()
+        steps = con.execute(
+            "select r.name, count(*), count(distinct m.step) from metrics m join runs r on r.run_uuid = m.run_uuid "
+            f"where m.key = '{METRIC}' group by r.name"
+        ).fetchall()
+    assert sorted(n for n, _ in runs) == trial_dirs and all(s == "FINISHED" for _, s in runs)
+    assert all(total == distinct for _, total, distinct in steps), f"an epoch was logged twice: {steps}"
