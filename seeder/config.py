@@ -155,6 +155,9 @@ class TrainConfig:
     """Queries per greedy evaluation batch."""
     val_queries: int = 0
     """Validation queries evaluated after each epoch (a fixed, seeded sample); 0 uses them all."""
+    num_threads: int = 0
+    """torch CPU threads of the Ray-free trainer (``python -m seeder.train``); 0 keeps torch's default.
+    On a shared, oversubscribed machine 1 can be many times faster than 2 (spinning OpenMP threads)."""
 
 
 @dataclass

@@ -95,6 +95,9 @@ class SeedERPolicy(nn.Module):
         self.input_proj = nn.Sequential(nn.Linear(text_in + structural, hidden), nn.GELU(), nn.Linear(hidden, hidden))
         self.state_embedding = nn.Embedding(2, hidden)  # 0: frontier candidate, 1: already selected
         self.relation_proj = nn.Linear(feature_dim, hidden)
+        # Query-conditioned part of an edge's embedding: z_q * z_r and cos(z_q, z_r), the relation term of
+        # K-HOP-WITH-FILTERING's score (Section 3), so attention can follow the relations the query names.
+        self.relation_query_proj = nn.Linear(feature_dim + 1, hidden)
         self.direction_embedding = nn.Embedding(2, hidden)  # 0: r as stored, 1: inverse r + R
         self.layers = nn.ModuleList(
             EdgeModulatedAttention(hidden, config.num_heads, config.dropout) for _ in range(config.num_layers)
@@ -118,11 +121,18 @@ class SeedERPolicy(nn.Module):
         hop_onehot = nn.functional.one_hot(hop.long().clamp(0, MAX_HOP), MAX_HOP + 1).to(node_text.dtype)
         return self.input_proj(torch.cat([text, hop_onehot, filter_score.unsqueeze(-1).to(node_text.dtype)], -1))
 
-    def encode_relations(self, relation_features: torch.Tensor) -> torch.Tensor:
-        """[2R, d] relation text embeddings (base, then inverses) -> [2R, hidden] edge-type embeddings."""
-        num_base = relation_features.shape[0] // 2
-        direction = (torch.arange(relation_features.shape[0], device=relation_features.device) >= num_base).long()
-        return self.relation_proj(relation_features) + self.direction_embedding(direction)
+    def encode_relations(self, relation_features: torch.Tensor, query_features: torch.Tensor) -> torch.Tensor:
+        """[2R, d] relation text embeddings (base, then inverses) and [B, d] queries -> [B * 2R, hidden]
+        edge-type embeddings per query: row ``b * 2R + r`` is relation r as seen by query b."""
+        num_types = relation_features.shape[0]
+        direction = (torch.arange(num_types, device=relation_features.device) >= num_types // 2).long()
+        base = self.relation_proj(relation_features) + self.direction_embedding(direction)  # [2R, hidden]
+        product = query_features.unsqueeze(1) * relation_features.unsqueeze(0)  # [B, 2R, d]
+        cosine = nn.functional.cosine_similarity(
+            query_features.unsqueeze(1), relation_features.unsqueeze(0), dim=-1, eps=1e-8
+        ).unsqueeze(-1)
+        conditioned = self.relation_query_proj(torch.cat([product, cosine], -1))  # [B, 2R, hidden]
+        return (base.unsqueeze(0) + conditioned).reshape(-1, base.shape[1])
 
     def encode_queries(self, query_features: torch.Tensor) -> torch.Tensor:
         """[B, d] -> [B, hidden] query context for the heads."""
@@ -154,7 +164,8 @@ class SeedERPolicy(nn.Module):
     def forward(
         self,
         node_text: torch.Tensor,
-        node_query: torch.Tensor,
+        query_features: torch.Tensor,
+        node_graph: torch.Tensor,
         hop: torch.Tensor,
         filter_score: torch.Tensor,
         selected: torch.Tensor,
@@ -162,9 +173,14 @@ class SeedERPolicy(nn.Module):
         edge_type: torch.Tensor,
         relation_features: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Whole-graph call (tests, reranking): node embeddings, expansion logits and scores per node."""
+        """Whole-graph call (tests, reranking) on a batch of graphs: node i belongs to graph
+        ``node_graph[i]`` whose query is ``query_features[node_graph[i]]``; edge types are base ids
+        (< 2R). Returns node embeddings, expansion logits and scores per node."""
+        node_query = query_features[node_graph]
         state = self.encode_nodes(node_text, node_query, hop, filter_score)
-        h = self.propagate(state, selected, edge_index, edge_type, self.encode_relations(relation_features))
+        relation_emb = self.encode_relations(relation_features, query_features)
+        typed = node_graph[edge_index[1]] * relation_features.shape[0] + edge_type
+        h = self.propagate(state, selected, edge_index, typed, relation_emb)
         ctx = self.query_context(node_query)
         return h, self.expansion_logits(h, ctx), self.scores(h, ctx)
 

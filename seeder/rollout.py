@@ -173,7 +173,8 @@ class Rollout:
         self.query_ctx_per_query = model.encode_queries(batch.query_features)  # [B, hidden]
         self.copy_query = torch.arange(num_queries).repeat_interleave(copies)
         self.query_ctx = self.query_ctx_per_query[self.copy_query]  # [G, hidden]
-        self.relation_emb = model.encode_relations(relation_features)
+        self.num_types = relation_features.shape[0]
+        self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B * 2R, hidden]
         self._edges: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,7 +188,8 @@ class Rollout:
             base = (batch.edge_query * copies).repeat_interleave(copies) + torch.arange(copies).repeat(len(batch.edge_query))
             src = base * self.width + batch.edge_src.repeat_interleave(copies)
             dst = base * self.width + batch.edge_dst.repeat_interleave(copies)
-            self._edges[copies] = (src, dst, batch.edge_type.repeat_interleave(copies))
+            typed = batch.edge_query * self.num_types + batch.edge_type  # the query's view of the relation
+            self._edges[copies] = (src, dst, typed.repeat_interleave(copies))
         return self._edges[copies]
 
     def frontier(self, selected: torch.Tensor, cap: int, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,7 +78,7 @@ class TrainingData:
         rows = artifacts.query_rows(subgraphs.query_ids)
         return cls(
             node_features=artifacts.node_features,
-            relation_features=np.asarray(artifacts.relation_features, dtype=np.float32),
+            relation_features=np.array(artifacts.relation_features, dtype=np.float32),
             query_features=np.asarray(artifacts.query_features[rows], dtype=np.float32),
             subgraphs=subgraphs,
         )
@@ -415,6 +415,8 @@ def fit(
     log: Callable[[str], None] = print,
 ) -> TrainState:
     """Train for ``config.train.epochs``; resume from ``out_dir/last.pt`` when present."""
+    if config.train.num_threads:
+        torch.set_num_threads(config.train.num_threads)
     out_dir = Path(out_dir)
     last, best = out_dir / "last.pt", out_dir / "best.pt"
     if resume and last.is_file():

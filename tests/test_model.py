@@ -12,7 +12,8 @@ def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: in
     g = torch.Generator().manual_seed(seed)
     return {
         "node_text": torch.randn(num_nodes, dim, generator=g),
-        "node_query": torch.randn(1, dim, generator=g).expand(num_nodes, dim).clone(),
+        "query_features": torch.randn(1, dim, generator=g),
+        "node_graph": torch.zeros(num_nodes, dtype=torch.long),
         "hop": torch.randint(0, 3, (num_nodes,), generator=g),
         "filter_score": torch.rand(num_nodes, generator=g),
         "selected": torch.rand(num_nodes, generator=g) < 0.5,
@@ -47,7 +48,7 @@ def test_node_outputs_are_permutation_equivariant(model):
     h, logits, scores = model(**g, relation_features=RELATIONS)
     perm = torch.randperm(15, generator=torch.Generator().manual_seed(3))
     inverse = torch.argsort(perm)
-    permuted = {k: (v[perm] if k not in ("edge_index", "edge_type") else v) for k, v in g.items()}
+    permuted = {k: (v[perm] if k not in ("edge_index", "edge_type", "query_features") else v) for k, v in g.items()}
     permuted["edge_index"] = inverse[g["edge_index"]]
     h2, logits2, scores2 = model(**permuted, relation_features=RELATIONS)
     torch.testing.assert_close(h2, h[perm], rtol=1e-5, atol=1e-5)
@@ -57,7 +58,8 @@ def test_node_outputs_are_permutation_equivariant(model):
 
 def test_disjoint_union_equals_separate_runs(model):
     a, b = graph(10, 30, 8, 3, seed=4), graph(7, 20, 8, 3, seed=5)
-    union = {k: torch.cat([a[k], b[k]]) for k in a if k not in ("edge_index", "edge_type")}
+    union = {k: torch.cat([a[k], b[k]]) for k in a if k not in ("edge_index", "edge_type", "node_graph")}
+    union["node_graph"] = torch.cat([a["node_graph"], b["node_graph"] + 1])  # two graphs, two queries
     union["edge_index"] = torch.cat([a["edge_index"], b["edge_index"] + 10], dim=1)
     union["edge_type"] = torch.cat([a["edge_type"], b["edge_type"]])
     _, logits_u, scores_u = model(**union, relation_features=RELATIONS)
