@@ -302,8 +302,20 @@ def start_ray(num_cpus: int | None = None):
         if address and address != "local":
             ray.init(address=address)
         else:
-            # Embedded local Ray on the loopback interface, without a dashboard.
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+            # Embedded local Ray on the loopback interface, without a dashboard. On a saturated machine the
+            # raylet can miss its registration deadline; one clean retry gets past that.
+            for attempt in (1, 2):
+                try:
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+                    break
+                except Exception as exc:  # Ray raises a bare Exception for a startup timeout
+                    ray.shutdown()
+                    if attempt == 2:
+                        raise RuntimeError(
+                            f"a local Ray did not start ({exc}); the machine may be overloaded: retry, raise "
+                            "RAY_raylet_start_wait_time_s, or pass RAY_ADDRESS of a running cluster"
+                        ) from exc
+                    print(f"Ray did not start ({exc}); retrying once", file=sys.stderr, flush=True)
     return ray
 
 
@@ -422,7 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                                          "run.use_gpu": args.use_gpu, "run.artifacts": job.artifacts})
         print(f"MLflow run {run_id} ({'continued' if resumed else 'new'}) in experiment '{args.experiment}' "
               f"at {tracking.tracking_uri()}", flush=True)
-    start_ray()
+    try:
+        start_ray()
+    except RuntimeError as exc:
+        print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
+        return 1
     import ray.train
 
     try:

@@ -77,10 +77,25 @@ def artifacts(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def pipeline():
+    """pipelines/train.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("seeder_pipelines_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def ray_started() -> bool:
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
 def run_train(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None, timeout: int = 400):
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", RAY_ADDRESS="",
-               RAY_AUTH_MODE="disabled", **(extra_env or {}))
+               RAY_AUTH_MODE="disabled", RAY_raylet_start_wait_time_s="180", **(extra_env or {}))
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -93,7 +108,7 @@ def metric_history(tmp_path: Path, run_id: str, key: str) -> list[tuple[int, flo
 
 
 @pytest.mark.slow
-def test_two_workers_train_log_to_mlflow_and_evaluate(artifacts, tmp_path):
+def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_path, capsys):
     out = tmp_path / "run"
     proc = run_train(["--artifacts", str(artifacts), "--num-workers", "2", "--out", str(out), *TINY], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -102,12 +117,13 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(artifacts, tmp_path):
     history = json.loads((out / "history.json").read_text())
     assert [row["epoch"] for row in history] == [1, 2, 3]
     assert all(np.isfinite(row["loss"]) and 0.0 <= row["val_recall_at_20"] <= 1.0 for row in history)
-    best = max(history, key=lambda row: row["val_recall_at_20"])
-    from seeder.train import load_checkpoint, load_model
+    best_recall = max(row["val_recall_at_20"] for row in history)
+    from seeder.train import load_checkpoint
 
     state = load_checkpoint(out / "best.pt")
-    assert state.epoch == best["epoch"]  # the kept best.pt is the best validation epoch
-    assert state.best_metric == pytest.approx(best["val_recall_at_20"])
+    # The kept best.pt is an epoch with the best validation recall (ties are frequent on this tiny set).
+    assert history[state.epoch - 1]["val_recall_at_20"] == pytest.approx(best_recall)
+    assert state.best_metric == pytest.approx(best_recall)
     assert (out / "config.yaml").is_file() and (out / "training_curve.png").stat().st_size > 1000
     # Each of the two workers trains on its half of the trainable queries: the schedule counts its steps.
     from seeder.artifacts import open_artifacts
@@ -140,8 +156,9 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(artifacts, tmp_path):
     assert report.is_file()
 
     # A second run into the same directory without --resume is refused before Ray starts.
-    again = run_train(["--artifacts", str(artifacts), "--out", str(out), *TINY], tmp_path, timeout=60)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    capsys.readouterr()
+    assert pipeline.main(["--artifacts", str(artifacts), "--out", str(out), *TINY]) == 2
+    assert "--resume" in capsys.readouterr().err and not ray_started()
 
 
 @pytest.mark.slow
@@ -161,21 +178,6 @@ def test_killed_run_resumes_from_its_checkpoint(artifacts, tmp_path):
     assert [row["epoch"] for row in history] == [1, 2, 3]
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     assert [step for step, _ in metric_history(tmp_path, run_id, "loss")] == [1, 2, 3]  # one run, all epochs
-
-
-@pytest.fixture(scope="module")
-def pipeline():
-    """pipelines/train.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("seeder_pipelines_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
-
-
-def ray_started() -> bool:
-    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def test_missing_artifacts_is_a_clear_error_before_ray(pipeline, tmp_path, capsys):
