@@ -27,6 +27,8 @@ from seeder.config import ConfigError, ModelConfig
 
 # Hop distances above this share one embedding (the bounded subgraphs have K <= 3 in the paper).
 MAX_HOP = 4
+# Expansion steps with their own state embedding (the paper uses T <= 3); later steps share the last.
+MAX_STEPS = 6
 
 
 def _mlp(in_dim: int, hidden: int, out_dim: int, dropout: float) -> nn.Sequential:
@@ -93,7 +95,8 @@ class SeedERPolicy(nn.Module):
         structural = MAX_HOP + 2  # one-hot hop + filter score
         text_in = 2 * feature_dim + 1 if config.query_injection == "concat" else feature_dim
         self.input_proj = nn.Sequential(nn.Linear(text_in + structural, hidden), nn.GELU(), nn.Linear(hidden, hidden))
-        self.state_embedding = nn.Embedding(2, hidden)  # 0: frontier candidate, 1: already selected
+        # Rollout state of a node: 0 frontier candidate, 1 seed, t + 2 added at expansion step t.
+        self.state_embedding = nn.Embedding(MAX_STEPS + 2, hidden)
         self.relation_proj = nn.Linear(feature_dim, hidden)
         # Query-conditioned part of an edge's embedding: z_q * z_r and cos(z_q, z_r), the relation term of
         # K-HOP-WITH-FILTERING's score (Section 3), so attention can follow the relations the query names.
@@ -141,13 +144,14 @@ class SeedERPolicy(nn.Module):
     def propagate(
         self,
         node_state: torch.Tensor,
-        selected: torch.Tensor,
+        node_step: torch.Tensor,
         edge_index: torch.Tensor,
         edge_type: torch.Tensor,
         relation_emb: torch.Tensor,
     ) -> torch.Tensor:
-        """Run the layers on a (batched) graph. node_state [n, hidden], selected [n] bool -> [n, hidden]."""
-        x = node_state + self.state_embedding(selected.long())
+        """Run the layers on a (batched) graph. node_state [n, hidden], node_step [n] (0 frontier, 1 seed,
+        t + 2 added at step t; a bool "selected" works too) -> [n, hidden]."""
+        x = node_state + self.state_embedding(node_step.long().clamp(0, MAX_STEPS + 1))
         for layer in self.layers:
             x = layer(x, edge_index, edge_type, relation_emb)
         return x

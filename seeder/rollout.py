@@ -205,8 +205,9 @@ class Rollout:
         index = torch.topk(priority, min(cap, self.width), dim=1).indices
         return index, candidate.gather(1, index)
 
-    def embed(self, active: torch.Tensor, selected: torch.Tensor, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """GNN on the disjoint union of every copy's induced subgraph on ``active`` [G, P].
+    def embed(self, active: torch.Tensor, reached_at: torch.Tensor, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """GNN on the disjoint union of every copy's induced subgraph on ``active`` [G, P]; ``reached_at``
+        [G, P] is each node's step (-1 not selected, 0 seed, t + 1 added at step t).
         Returns node embeddings [n_active, hidden] and the compact index of every dense position."""
         copies = self.copies if copies is None else copies
         src, dst, edge_type = self.edges(copies)
@@ -218,17 +219,18 @@ class Rollout:
         # dense position g * P + p of copy g -> the query's own dense position (g // copies) * P + p
         query_position = (positions // (self.width * copies)) * self.width + positions % self.width
         state = self.node_state[self.dense_to_flat[query_position]]
-        h = self.model.propagate(state, selected.reshape(-1)[positions], edge_index, edge_type[keep], self.relation_emb)
+        h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type[keep], self.relation_emb)
         return h, compact
 
     def _expansion_logits(
-        self, selected: torch.Tensor, cap: int, copies: int, query_ctx: torch.Tensor
+        self, reached_at: torch.Tensor, cap: int, copies: int, query_ctx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        selected = reached_at >= 0
         front_index, front_ok = self.frontier(selected, cap, copies)
         rows = torch.arange(len(selected)).unsqueeze(1).expand_as(front_index)
         active = selected.clone()
         active[rows[front_ok], front_index[front_ok]] = True
-        h, compact = self.embed(active, selected, copies)
+        h, compact = self.embed(active, reached_at, copies)
         front_h = h[compact[rows * self.width + front_index].clamp_min(0)]  # absent entries masked by front_ok
         logits = self.model.expansion_logits(
             front_h.reshape(-1, h.shape[1]), query_ctx.repeat_interleave(front_index.shape[1], 0)
@@ -247,18 +249,18 @@ class Rollout:
         for step, (size, cap) in enumerate(zip(expansion_sizes, frontier_caps)):
             if step == 0:
                 # Every copy starts from the same seeds: run the GNN once per query, share the logits.
-                seeds = self.batch.is_seed & self.batch.valid
+                seeds = torch.where(self.batch.is_seed & self.batch.valid, 0, -1)
                 front_index, front_ok, logits = self._expansion_logits(seeds, cap, 1, self.query_ctx_per_query)
                 front_index, front_ok, logits = self.expand(front_index), self.expand(front_ok), self.expand(logits)
             else:
-                front_index, front_ok, logits = self._expansion_logits(selected, cap, self.copies, self.query_ctx)
+                front_index, front_ok, logits = self._expansion_logits(reached_at, cap, self.copies, self.query_ctx)
             picks, pick_ok, step_log_prob = sample_top_k(logits, front_ok, size, greedy, temperature, generator)
             log_prob = log_prob + step_log_prob
             chosen = front_index.gather(1, picks)
             selected = selected.clone()
             selected[rows.expand_as(chosen)[pick_ok], chosen[pick_ok]] = True
             reached_at = torch.where(selected & (reached_at < 0), step + 1, reached_at)
-        h, compact = self.embed(selected, selected)
+        h, compact = self.embed(selected, reached_at)
         positions = selected.reshape(-1).nonzero().squeeze(1)
         node_scores = self.model.scores(h, self.query_ctx[positions // self.width])
         scores = h.new_full((self.num_copies * self.width,), NEG).index_put((positions,), node_scores)
@@ -268,7 +270,7 @@ class Rollout:
 def score_whole_subgraph(model: SeedERPolicy, batch: QueryBatch, relation_features: torch.Tensor) -> torch.Tensor:
     """Ablation 'GNN reranking': score every node of the bounded subgraph, no learned expansion. -> [B, P]."""
     rollout = Rollout(model, batch, relation_features, copies=1)
-    h, _ = rollout.embed(batch.valid, batch.valid)
+    h, _ = rollout.embed(batch.valid, torch.where(batch.valid, 0, -1))
     positions = batch.valid.reshape(-1).nonzero().squeeze(1)
     node_scores = model.scores(h, rollout.query_ctx[positions // batch.width])
     scores = h.new_full((batch.valid.numel(),), NEG).index_put((positions,), node_scores)
