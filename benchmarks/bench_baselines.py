@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from seeder.benchmark import percentile_ms, single_query_latency
 from seeder.config import BaselinesConfig
 from seeder.retrieve.baselines import METHODS, NEEDS_TEXT
 from seeder.retrieve.baselines.bm25 import BM25Index
@@ -66,10 +67,6 @@ def synthetic_inputs(num_nodes: int, avg_degree: float, dim: int, num_queries: i
     return BaselineInputs(graph, features, relations, np.arange(num_queries, dtype=np.int64), queries, query_texts, node_texts)
 
 
-def percentile_ms(seconds: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(seconds) * 1000.0, q))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=100_000)
@@ -101,20 +98,17 @@ def main(argv: list[str] | None = None) -> int:
 
     runners = {"dense": dense}
     runners.update({m: (lambda batch, m=m: METHODS[m](batch, cfg, args.length)) for m in methods})
-    # Interleaved: query i is timed for every method in turn (order rotated per query), so load
-    # from other processes on the machine hits all methods alike and the ratios stay meaningful.
+    # Interleaved query by query (seeder.benchmark.single_query_latency), so load from other
+    # processes on the machine hits all methods alike and the ratios stay meaningful.
     names = list(runners)
     for name in names:
         runners[name](inputs.batch(np.arange(1)))  # warm-up: page in features, import paths
-    single: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(args.latency_queries):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            batch = inputs.batch(np.array([i]))
-            t0 = time.perf_counter()
-            runners[name](batch)
-            single[name].append(time.perf_counter() - t0)
-        if (i + 1) % 10 == 0:
-            print(f"  single-query timing: {i + 1}/{args.latency_queries} queries", flush=True)
+    batches = [inputs.batch(np.array([i])) for i in range(args.latency_queries)]
+    single = single_query_latency(
+        {name: (lambda i, name=name: runners[name](batches[i])) for name in names},
+        list(range(args.latency_queries)),
+        lambda done: print(f"  single-query timing: {done}/{args.latency_queries} queries", flush=True) if done % 10 == 0 else None,
+    )
     batched: dict[str, float] = {}
     for name in names:
         batch = inputs.batch(np.arange(args.batch_queries))

@@ -433,6 +433,8 @@ def plot_budget_curves(curves: dict[str, Any], path: str | Path) -> Path:
         for method in ("dense", "khop"):
             ax.plot(budgets, [curves[method][b][metric] for b in budgets], marker="o", label=DISPLAY_NAMES[method])
         ax.set_xscale("log")
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
         ax.set_xlabel("retrieval budget (nodes per query)")
         ax.set_title(f"{title} ({curves['queries']} queries)")
         ax.set_ylim(0, 1.02)
