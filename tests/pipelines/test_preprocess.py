@@ -230,16 +230,19 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
         "--port": _free_port(), "--dashboard-port": dashboard, "--ray-client-server-port": _free_port(),
         "--dashboard-agent-listen-port": _free_port(), "--metrics-export-port": _free_port(),
     }
+    # The cluster's own token, for the head, the client and (inherited) the job: other Ray users of
+    # this machine rewrite ~/.ray/auth_token, so the shared file cannot be relied on.
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex)
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", "--num-cpus=2", "--node-ip-address=127.0.0.1",
          "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}", *[f"{k}={v}" for k, v in ports.items()]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 240
         while True:
-            probe = subprocess.run([str(ray_bin), "job", "list", "--address", address], capture_output=True, text=True, env=_env())
+            probe = subprocess.run([str(ray_bin), "job", "list", "--address", address], capture_output=True, text=True, env=env)
             if probe.returncode == 0:
                 break
             assert head.poll() is None, "ray start --head exited early"
@@ -249,7 +252,7 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
         job = subprocess.run(
             [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
              sys.executable, "pipelines/preprocess.py", "--dataset", str(tiny_dataset), "--out", str(out), *FLAGS, *OVERRIDES],
-            capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO,
+            capture_output=True, text=True, env=env, timeout=600, cwd=REPO,
         )
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
