@@ -82,7 +82,32 @@ class TrialNamer:
         return self.names[trial.trial_id]
 
 
-def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float) -> None:
+def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRun, uri: str, workers: int, use_gpu: bool,
+                      cpus_per_worker: float) -> None:
+    """A trial on several workers: Ray Train's TorchTrainer inside the trial (pipelines/train.py).
+
+    Its workers log each epoch to the trial's child run; the epochs reach Tune only when training
+    ends (Ray Train keeps them), so ASHA cannot stop such a trial early.
+    """
+    from ray import tune
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from pipelines import train as ray_train  # noqa: PLC0415
+
+    result = ray_train.run_training(
+        config, artifacts_path, storage=tune.get_context().get_trial_dir(), name="train", num_workers=workers,
+        use_gpu=use_gpu, cpus_per_worker=cpus_per_worker, mlflow_run_id=run.run_id, mlflow_uri=uri,
+    )
+    best = result.get_best_checkpoint(ray_train.SCORE_METRIC, "max")
+    if best is not None:
+        with best.as_directory() as directory:
+            run.log_best(Path(directory) / ray_train.CHECKPOINT_FILE, config)
+    for row in result.metrics_dataframe.to_dict("records"):
+        tune.report({**row, sw.METRIC: row[ray_train.SCORE_METRIC]})
+
+
+def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float,
+              workers: int = 1) -> None:
     """One trial: a child MLflow run, then ``run_trial`` reporting each epoch to Tune."""
     import torch
     from ray import tune
@@ -96,12 +121,8 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
     try:
         config = sw.apply_params(from_dict(SeederConfig, base_config), params)
         run = sw.TrialRun(tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name, sw.trial_params(config, params))
-        if gpus > 1:
-            # Several GPUs per trial: Ray Train's TorchTrainer inside the trial (colleague E1's pipeline).
-            sys.path.insert(0, str(REPO_ROOT))
-            from pipelines.train import run_training  # noqa: PLC0415
-
-            run_training(artifacts=artifacts_path, config=config, num_workers=int(gpus), use_gpu=True, report=tune.report)
+        if workers > 1:
+            distributed_trial(config, artifacts_path, run, tracking["uri"], workers, gpus > 0, cpus)
             run.finish("FINISHED")
             return
         artifacts = open_artifacts(artifacts_path)
@@ -185,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-samples", type=int, default=8, help="trials to run (default 8)")
     parser.add_argument("--max-concurrent", type=int, default=2, help="trials at a time (default 2)")
     parser.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial; torch threads match (default 1)")
-    parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; above 1 the trial runs Ray Train workers")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; above 1, one Ray Train worker per GPU")
+    parser.add_argument("--workers-per-trial", type=int, default=1,
+                        help="Ray Train workers per trial (default 1: the trial trains in-process); --gpus-per-trial G > 1 implies G")
     parser.add_argument("--space", help="YAML space file extending the default space (e.g. configs/sweep_space_extended.yaml)")
     parser.add_argument("--epochs", type=int, help="epochs per trial (ASHA's max_t); default train.epochs")
     parser.add_argument("--grace-epochs", type=int, default=1, help="epochs every trial gets before ASHA may stop it")
@@ -266,9 +289,15 @@ def run_sweep(args: argparse.Namespace) -> int:
             state_path.write_text(json.dumps({"parent_run_id": parent_run_id, "experiment_id": experiment_id}))
 
     start_ray(args.ray_address, args.num_cpus)
-    resources = {"cpu": args.cpus_per_trial}
-    if args.gpus_per_trial:
-        resources["gpu"] = args.gpus_per_trial
+    workers = max(args.workers_per_trial, int(args.gpus_per_trial) if args.gpus_per_trial > 1 else 1)
+    if workers > 1:
+        # The trial itself only waits on its TorchTrainer, whose workers reserve their own CPUs/GPUs
+        # (a trial given {"cpu": 0} fails: STACK.md).
+        resources = {"cpu": 0.1}
+    else:
+        resources = {"cpu": args.cpus_per_trial}
+        if args.gpus_per_trial:
+            resources["gpu"] = args.gpus_per_trial
     fn = tune.with_resources(
         tune.with_parameters(
             trainable,
@@ -277,6 +306,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             tracking={"uri": uri, "experiment_id": experiment_id, "parent_run_id": parent_run_id},
             cpus=args.cpus_per_trial,
             gpus=args.gpus_per_trial,
+            workers=workers,
         ),
         resources,
     )

@@ -35,15 +35,37 @@ train.expansion_sizes: [[3, 3], [30, 3]]
 pytestmark = pytest.mark.slow
 
 
+def write_tiny_graph(path: Path) -> Path:
+    """300 named nodes, 4 relations, 1,500 random edges; 160 one-hop queries ("relation 2 of node 17"),
+    112 train, 32 val, 16 test. Written by hand so that the test does not depend on `seeder synth`."""
+    import numpy as np
+    import pyarrow as pa
+
+    from seeder.store import write_dataset
+
+    rng = np.random.default_rng(0)
+    n, r, e, q = 300, 4, 1500, 160
+    src, dst, rel = rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e)
+    names = [f"node {i}" for i in range(n)]
+    nodes = pa.table({"id": np.arange(n), "type": ["entity"] * n, "name": names, "text": names})
+    relations = pa.table({"id": np.arange(r, dtype=np.int32), "name": [f"r{i}" for i in range(r)],
+                          "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse relation {i}" for i in range(r)]})
+    edges = pa.table({"src": src, "dst": dst, "relation": rel.astype(np.int32)})
+    picked = rng.choice(e, q, replace=False)
+    answers = [sorted(set(dst[(src == src[i]) & (rel == rel[i])].tolist())) for i in picked]
+    splits = np.array(["train"] * 112 + ["val"] * 32 + ["test"] * 16)
+    queries = pa.table({"id": np.arange(q), "text": [f"relation {rel[i]} of node {src[i]}" for i in picked],
+                        "answers": answers, "split": splits.tolist()})
+    return write_dataset(path, nodes, relations, edges, queries)
+
+
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """A 300-node synthetic graph preprocessed with the hash encoder on an embedded Ray."""
+    """A tiny graph preprocessed by pipelines/preprocess.py with the hash encoder on an embedded Ray."""
     root = tmp_path_factory.mktemp("sweep-data")
-    subprocess.run([sys.executable, "-m", "seeder.cli", "synth", "--out", str(root / "ds"), "--nodes", "300",
-                    "--relations", "4", "--queries", "160", "--hubs", "2", "--hub-degree", "20"],
-                   check=True, env=ENV, capture_output=True)
+    dataset = write_tiny_graph(root / "ds")
     out = root / "art"
-    proc = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "ds"),
+    proc = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
                            "--out", str(out), "--ray-address", "local", "embed.encoder=hash", "embed.hash_dim=32",
                            "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
                           env=ENV, capture_output=True, text=True, timeout=400)
@@ -64,7 +86,8 @@ def mlflow_server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port)],
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],  # one process: under load, uvicorn's supervisor kills slow workers
         cwd=root, env=ENV, stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
