@@ -54,7 +54,6 @@ TABLE_KS = (1, 5, 20)
 DISPLAY_NAMES = {
     "dense": "Dense",
     "khop": "K-HOP-W-FILTER",
-    "seeder": "SeedER",
     "g-retriever": "G-Retriever",
     "subgraphrag": "SubgraphRAG",
     "beam": "Beam",
@@ -63,6 +62,7 @@ DISPLAY_NAMES = {
     "ppr-mmr": "PPR-MMR",
     "bm25": "BM25",
     "hybrid": "Hybrid (BM25+dense)",
+    "seeder": "SeedER",
 }
 DEFAULT_BUDGETS = (10, 20, 50, 100, 200, 500, 1000)
 """Retrieval budgets of the budget plot (nodes per query)."""
@@ -80,7 +80,10 @@ def resolve_methods(spec: str, model: str | None) -> list[str]:
     """``all`` = every registered method (without ``seeder`` unless a model is given), else a comma list."""
     known = registry.available()
     if spec.strip() == "all":
-        return [m for m in known if m != "seeder" or model]
+        # The paper's row order (references, baselines, SeedER last), then anything registered later.
+        order = [m for m in DISPLAY_NAMES if m in known and m != "seeder"]
+        order += [m for m in known if m not in DISPLAY_NAMES]
+        return order + (["seeder"] if model and "seeder" in known else [])
     methods = [m.strip() for m in spec.split(",") if m.strip()]
     unknown = [m for m in methods if m not in known]
     if unknown or not methods:
