@@ -190,8 +190,8 @@ def embed_inputs(kg: KnowledgeGraph) -> dict[str, tuple[np.ndarray, pa.Array]]:
 
 
 def embed_text_table(inputs: dict[str, tuple[np.ndarray, pa.Array]], pending: dict[str, np.ndarray], shard_rows: int) -> pa.Table:
-    """Rows (kind, row, id, text) of the blocks still to embed, longest texts of a kind not reordered:
-    the encoder sorts by length inside each batch."""
+    """Rows (kind, row, id, text) of the shard blocks still to embed; ``kind`` indexes ``KINDS`` and
+    ``row`` is the position within its kind, which fixes the row's shard."""
     parts = []
     for kind_index, kind in enumerate(KINDS):
         ids, texts = inputs[kind]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,8 +174,6 @@ def test_killed_runs_resume_to_the_same_artifacts(reference, tiny_dataset, tmp_p
 
 @pytest.mark.slow
 def test_a_changed_config_section_reruns_only_its_stage_and_downstream(reference, tiny_dataset, tmp_path):
-    import shutil
-
     out = tmp_path / "changed"
     shutil.copytree(reference, out)
     result = run_job(tiny_dataset, out, "expand.budget=20")
@@ -219,6 +218,7 @@ def _kill_head(head: subprocess.Popen, temp_dir: Path) -> None:
             proc.kill()
         except psutil.Error:
             pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
