@@ -63,23 +63,16 @@ def ray_space(space: dict[str, sw.Dimension]) -> dict:
     return out
 
 
-class TrialNamer:
-    """Numbers trials in the order Tune creates them (Ray's trial ids are random hex): t000, t001...
+def name_of(trial) -> str:
+    """``t003-h32-l3-lr1e-3-d0.1``, used as both trial name and trial directory name.
 
-    Used as both trial_name_creator and trial_dirname_creator, so a trial's name is its directory
-    name; a resumed sweep numbers its new trials after the directories already there.
+    The number is Tune's running trial counter (the ``3_...`` of ``trial.experiment_tag``; Ray's
+    trial ids are random hex), which is saved with the searcher, so a resumed sweep goes on counting.
+    Stateless on purpose: Tune calls this on copies of the config.
     """
-
-    def __init__(self, experiment_dir: Path | None):
-        taken = [int(p.name[1:4]) for p in experiment_dir.glob("t[0-9][0-9][0-9]-*")] if experiment_dir and experiment_dir.is_dir() else []
-        self.next_index = max(taken, default=-1) + 1
-        self.names: dict[str, str] = {}
-
-    def __call__(self, trial) -> str:
-        if trial.trial_id not in self.names:
-            self.names[trial.trial_id] = sw.trial_name(self.next_index, trial.config)
-            self.next_index += 1
-        return self.names[trial.trial_id]
+    head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
+    index = int(head) - 1 if head.isdigit() else 0
+    return sw.trial_name(index, trial.config)
 
 
 def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRun, uri: str, workers: int, use_gpu: bool,
@@ -116,7 +109,7 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
     from seeder.train import TrainingData
 
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
-    name = tune.get_context().get_trial_name()  # TrialNamer's t003-h32-l3-lr1e-3-d0.1
+    name = tune.get_context().get_trial_name()  # name_of's t003-h32-l3-lr1e-3-d0.1
     run = None
     try:
         config = sw.apply_params(from_dict(SeederConfig, base_config), params)
@@ -158,7 +151,16 @@ def start_ray(address: str | None, num_cpus: int | None):
         if address and address != "local":
             ray.init(address=address)
         else:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=True)
+            for attempt in range(3):
+                try:
+                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                             log_to_driver=True)
+                    break
+                except Exception as exc:  # an overloaded machine: "The current node timed out during startup"
+                    ray.shutdown()
+                    if "timed out" not in str(exc) or attempt == 2:
+                        raise
+                    print(f"embedded Ray did not start ({exc}); retrying", file=sys.stderr)
     return ray
 
 
@@ -266,6 +268,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
+    start_ray(args.ray_address, args.num_cpus)
     resuming = args.resume and tune.Tuner.can_restore(str(Path(storage) / name) if experiment_dir else f"{storage}/{name}")
     if args.resume and not resuming:
         print(f"nothing to resume at {storage}/{name}; starting the sweep", file=sys.stderr)
@@ -288,7 +291,6 @@ def run_sweep(args: argparse.Namespace) -> int:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_text(json.dumps({"parent_run_id": parent_run_id, "experiment_id": experiment_id}))
 
-    start_ray(args.ray_address, args.num_cpus)
     workers = max(args.workers_per_trial, int(args.gpus_per_trial) if args.gpus_per_trial > 1 else 1)
     if workers > 1:
         # The trial itself only waits on its TorchTrainer, whose workers reserve their own CPUs/GPUs
@@ -315,7 +317,6 @@ def run_sweep(args: argparse.Namespace) -> int:
         tuner = tune.Tuner.restore(str(experiment_dir) if experiment_dir else f"{storage}/{name}", trainable=fn,
                                    resume_errored=False, restart_errored=False)
     else:
-        namer = TrialNamer(experiment_dir)
         searcher = ConcurrencyLimiter(OptunaSearch(seed=args.seed), max_concurrent=args.max_concurrent)
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=config.train.epochs,
                                   grace_period=max(1, min(args.grace_epochs, config.train.epochs)), reduction_factor=2)
@@ -325,7 +326,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             tune_config=tune.TuneConfig(
                 metric=sw.METRIC, mode=sw.MODE, search_alg=searcher, scheduler=scheduler,
                 num_samples=args.num_samples, max_concurrent_trials=args.max_concurrent,
-                trial_name_creator=namer, trial_dirname_creator=namer,
+                trial_name_creator=name_of, trial_dirname_creator=name_of,
             ),
             run_config=tune.RunConfig(
                 name=name, storage_path=storage,
