@@ -58,7 +58,7 @@ def main() -> None:
     cfg = config.train
     state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
     pool = np.random.default_rng(0).permutation(trainable_queries(data, config))
-    relation_features = torch.from_numpy(np.asarray(data.relation_features, dtype=np.float32))
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32))
     batches = [pool[i * cfg.batch_size : (i + 1) * cfg.batch_size] for i in range(args.steps + 2)]
     sizes = data.subgraphs.sizes[pool[: cfg.batch_size * args.steps]]
     edges = np.diff(data.subgraphs.edge_ptr)[pool[: cfg.batch_size * args.steps]]

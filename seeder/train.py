@@ -231,7 +231,7 @@ def train_epoch(
     order = state.order_rng.permutation(pool)
     if cfg.queries_per_epoch:
         order = order[: cfg.queries_per_epoch]
-    relation_features = torch.from_numpy(np.asarray(data.relation_features, dtype=np.float32))
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32))
     sums: dict[str, float] = {}
     start = time.perf_counter()
     num_batches = math.ceil(len(order) / cfg.batch_size)
@@ -265,7 +265,7 @@ def retrieve(
     (the model's for the retrieved set, the K-hop filter score for the rest; NaN for padding)."""
     length = length or config.eval.ranking_length
     model.eval()
-    relation_features = torch.from_numpy(np.asarray(data.relation_features, dtype=np.float32))
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32))
     results, steps, node_scores = [], [], []
     batch_size = config.train.eval_batch_size
     for lo in range(0, len(data.subgraphs), batch_size):
