@@ -92,6 +92,9 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         for i, start in enumerate(range(0, table.num_rows, step)):
             pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
         ds = ray.data.read_parquet(str(inputs_dir), file_extensions=["parquet"])
+        # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
+        # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
+        ds.context.execution_no_progress_timeout_s = 6 * 3600
         ds = ds.map_batches(
             EncoderUDF,
             fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
@@ -143,7 +146,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ray-address", help="Ray address; 'local' starts an embedded Ray (default: RAY_ADDRESS, "
                         "a running cluster, else embedded)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: all)")
-    parser.add_argument("--shard-rows", type=int, default=50_000, help="texts per embedding shard (resume granularity)")
+    parser.add_argument("--shard-rows", type=int, default=10_000, help="texts per embedding shard (resume granularity)")
     parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
     parser.add_argument("--query-block", type=int, default=1_000, help="queries per expansion task and shard")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. embed.encoder=hash expand.budget=150")
