@@ -91,7 +91,11 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         step = -(-table.num_rows // chunks)
         for i, start in enumerate(range(0, table.num_rows, step)):
             pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
-        ds = ray.data.read_parquet(str(inputs_dir), file_extensions=["parquet"])
+        # read_parquet packs small files into one read task, and one block would reach a single
+        # actor: make one block per file explicitly.
+        files = [str(f) for f in sorted(inputs_dir.glob("part-*.parquet"))]
+        ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+        ds = ds.map_batches(pp.read_parquet_files, batch_size=1, batch_format="numpy", num_cpus=0.1)
         # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
         # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
         ds.context.execution_no_progress_timeout_s = 6 * 3600

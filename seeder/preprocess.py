@@ -215,6 +215,11 @@ def embed_text_table(inputs: dict[str, tuple[np.ndarray, pa.Array]], pending: di
     return pa.concat_tables(parts)
 
 
+def read_parquet_files(batch: dict[str, np.ndarray]) -> pa.Table:
+    """The rows of the Parquet files named in ``batch["path"]`` (one map step per input block)."""
+    return pa.concat_tables([pq.read_table(str(path)) for path in batch["path"]])
+
+
 class ShardCollector:
     """Groups streamed ``(kind, row, id, embedding)`` rows into fixed row blocks of ``shard_rows`` and
     writes a block's shard (rows sorted, ids kept) as soon as all of its rows have arrived. Rows can
