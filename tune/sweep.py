@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -73,6 +74,19 @@ def name_of(trial) -> str:
     head = str(getattr(trial, "experiment_tag", "")).split("_", 1)[0]
     index = int(head) - 1 if head.isdigit() else 0
     return sw.trial_name(index, trial.config)
+
+
+class InterruptWatch(logging.Handler):
+    """Notices Tune's "Experiment has been interrupted" warning: after Ctrl-C, ``Tuner.fit`` returns
+    normally and the interrupted trials look terminated, so this is the one reliable sign."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "has been interrupted" in record.getMessage():
+            self.seen = True
 
 
 def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRun, uri: str, workers: int, use_gpu: bool,
@@ -335,9 +349,11 @@ def run_sweep(args: argparse.Namespace) -> int:
                 verbose=1,
             ),
         )
+    interrupted = InterruptWatch()
+    logging.getLogger("ray.tune.tune").addHandler(interrupted)
     result_grid = tuner.fit()
     seconds = time.perf_counter() - started
-    if result_grid.num_terminated + result_grid.num_errors < max(len(result_grid), args.num_samples):
+    if interrupted.seen or result_grid.num_terminated + result_grid.num_errors < max(len(result_grid), args.num_samples):
         # Ctrl-C (or SIGTERM): Tune saved its state; finished trials are kept and are not rerun.
         print(f"sweep {name} interrupted after {seconds:.0f} s with {result_grid.num_terminated} trials done; "
               f"continue it with: python tune/sweep.py --artifacts {args.artifacts} --name {name} "
