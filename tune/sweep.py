@@ -215,6 +215,27 @@ def finish_child_runs(client, experiment_id: str, parent_run_id: str, records: l
     return ids
 
 
+def evaluate_champion(artifacts, champion: str, client, parent_run_id: str, child_run_id: str) -> dict[str, float]:
+    """Evaluate ``champion`` on the test split (the val split when the artifacts have no test queries)
+    exactly as ``seeder evaluate --method seeder --split S --model models:/NAME@champion`` does, and log
+    the overall metrics as ``test_*`` (or ``champion_val_*``) on the parent and the champion's run."""
+    from seeder.evaluate import format_table, run_evaluation
+
+    split = "test" if len(artifacts.subgraphs("test")) else "val"
+    if split == "val":
+        print("the artifacts have no test split: the champion is evaluated on the whole val split", file=sys.stderr)
+    report = run_evaluation(artifacts, ["seeder"], split, artifacts.config, model=champion)
+    prefix = "test_" if split == "test" else "champion_val_"
+    overall = report["methods"]["seeder"]["all"]
+    metrics = {f"{prefix}{k}": float(v) for k, v in overall.items() if isinstance(v, (int, float)) and k != "queries"}
+    for run_id in (parent_run_id, child_run_id):
+        for key, value in metrics.items():
+            client.log_metric(run_id, key, value)
+    client.set_tag(parent_run_id, "seeder.champion_eval_split", split)
+    print(format_table(report, artifacts.config.eval.ks))
+    return metrics
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python tune/sweep.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
@@ -391,19 +412,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     client.log_metric(parent_run_id, f"best_{sw.METRIC}", best[sw.METRIC])
     print(f"champion: {best['trial']} ({sw.METRIC} {best[sw.METRIC]:.4f}) registered as {model_name} version {version}, alias champion")
 
-    from seeder.evaluate import format_table, run_evaluation
-
-    if len(artifacts.subgraphs("test")) == 0:
-        print("the artifacts have no test split: the champion is not evaluated on test", file=sys.stderr)
-    else:
-        # Same call as `seeder evaluate --method seeder --split test --model models:/NAME@champion`.
-        test = run_evaluation(artifacts, ["seeder"], "test", artifacts.config, model=champion)
-        overall = test["methods"]["seeder"]["all"]
-        metrics = {f"test_{k}": float(v) for k, v in overall.items() if isinstance(v, (int, float)) and k != "queries"}
-        for key, value in metrics.items():
-            client.log_metric(parent_run_id, key, value)
-            client.log_metric(best["mlflow_run_id"], key, value)
-        print(format_table(test, artifacts.config.eval.ks))
+    evaluate_champion(artifacts, champion, client, parent_run_id, best["mlflow_run_id"])
     client.set_terminated(parent_run_id, status="FINISHED")
     ray.shutdown()
     return 0
