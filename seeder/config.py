@@ -65,8 +65,9 @@ class SeedConfig:
     k0: int = 3
     """Seeds per query: the top-k0 nodes by cosine (paper, Section 3)."""
     strategy: str = "dense"
-    """``dense`` (cosine), ``entity`` (node names found in the query text), or ``dense+entity``
-    (entity-linked nodes first, then dense seeds up to k0)."""
+    """``dense`` (cosine), ``entity`` (node names found in the query text), ``dense+entity``
+    (entity-linked nodes first, then dense seeds up to k0), ``bm25`` (BM25 over node text, dense seeds
+    filling queries without a term match) or ``hybrid`` (BM25 and dense fused by reciprocal rank)."""
     entity_min_chars: int = 3
     """Shortest node name that entity linking matches (avoids matching ``a``, ``II``...)."""
     entity_max: int = 3

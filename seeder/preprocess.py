@@ -19,6 +19,7 @@ only the missing blocks. The stage manifest is written last and the directory is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,6 +40,9 @@ from seeder.io import DataError, fingerprint_json, now, read_manifest, write_man
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 
+# dense, entity and dense+entity are seeder.retrieve.seeds'; bm25 and hybrid come from the baselines.
+SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid")
+
 STAGE_VERSION = 1
 KINDS = ("node", "relation", "query")
 KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
@@ -54,6 +58,8 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
     embed = to_dict(config.embed)
     embed_key = {k: embed[k] for k in ("encoder", "hash_dim", "max_seq_length", "half_precision")}
     seed = {k: v for k, v in to_dict(config.seed).items() if k not in ("block_nodes", "block_queries")}
+    if config.seed.strategy in ("bm25", "hybrid"):
+        seed["baselines"] = to_dict(config.baselines)  # BM25 and fusion parameters shape these seeds
     fps: dict[str, str] = {}
     fps["embed"] = fingerprint_json({"stage": "embed", "v": STAGE_VERSION, "dataset": dataset_fingerprint, "embed": embed_key})
     fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)})
@@ -83,8 +89,8 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"reduce.fit_sample must be positive, got {r.fit_sample}")
     if s.k0 <= 0:
         raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
-    if s.strategy not in ("dense", "entity", "dense+entity"):
-        raise ConfigError(f"seed.strategy={s.strategy!r}: use dense, entity or dense+entity")
+    if s.strategy not in SEED_STRATEGIES:
+        raise ConfigError(f"seed.strategy={s.strategy!r}: use one of {', '.join(SEED_STRATEGIES)}")
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
     if x.hops <= 0 or len(x.keep_per_hop) != x.hops:
@@ -366,12 +372,31 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     query_features = np.load(features_dir / "query.npy")
     query_ids = np.load(features_dir / "query_ids.npy")
     cfg = config.seed
-    dense_ids, dense_scores = dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
-    linked = None
+    texts = None
     if cfg.strategy != "dense":
         texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
+    linked = None
+    combine = cfg.strategy
+    if cfg.strategy == "hybrid":
+        from seeder.retrieve.baselines.bm25 import hybrid_seeds
+
+        # Reciprocal rank fusion of BM25 and dense replaces the dense ranking.
+        dense_ids, dense_scores = hybrid_seeds(kg, texts, query_features, node_features, cfg.k0, config.baselines)
+        combine = "dense"
+    else:
+        dense_ids, dense_scores = dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
+    if cfg.strategy == "bm25":
+        from seeder.retrieve.baselines.bm25 import bm25_seeds
+
+        # BM25 seeds first; dense seeds fill queries that share no term with any node text.
+        bm25_ids, _ = bm25_seeds(kg, texts, cfg.k0, config.baselines)
+        linked = [row[row >= 0] for row in bm25_ids]
+        combine = "dense+entity"
+    elif cfg.strategy in ("entity", "dense+entity"):
         linked = EntityLinker(kg, cfg).link(texts)
-    seeds, scores = select_seeds(cfg, dense_ids, dense_scores, linked, query_features, node_features)
+    seeds, scores = select_seeds(
+        dataclasses.replace(cfg, strategy=combine), dense_ids, dense_scores, linked, query_features, node_features
+    )
     seeds = np.asarray(seeds, dtype=np.int64)
     scores = np.asarray(scores, dtype=np.float32)
     valid = seeds >= 0

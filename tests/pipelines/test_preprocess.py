@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from seeder.artifacts import open_artifacts
@@ -260,3 +261,27 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
         _assert_same_artifacts(reference, out)
     finally:
         _kill_head(head, temp_dir)
+
+
+@pytest.mark.parametrize("strategy", ["bm25", "hybrid"])
+def test_lexical_seed_strategies(reference, tiny_dataset, tmp_path, strategy):
+    """BM25 seeding finds the entity a query names word for word; hybrid fuses it with dense."""
+    from seeder.preprocess import run_seeds
+
+    config = load_config(None, OVERRIDES + [f"seed.strategy={strategy}", "seed.k0=3"])
+    kg = open_dataset(tiny_dataset)
+    out = tmp_path / "seeds"
+    out.mkdir()
+    info = run_seeds(reference / "features", out, kg, config)
+    assert info["strategy"] == strategy and info["empty"] == 0
+    table = pq.read_table(out / "seeds.parquet").sort_by("query_id")
+    queries = kg.queries.sort_by("id")
+    names = kg.nodes.column("name").to_pylist()
+    # Every query is "what is related to entity N colour": the node with exactly that name must be seeded.
+    named = [names.index(text.removeprefix("what is related to ")) for text in queries.column("text").to_pylist()]
+    seeds = table.column("seeds").to_pylist()
+    assert all(len(s) == 3 and len(set(s)) == 3 for s in seeds)
+    hits = np.mean([n in s for n, s in zip(named, seeds)])
+    assert hits >= 0.9, hits
+    if strategy == "bm25":
+        assert np.mean([s[0] == n for n, s in zip(named, seeds)]) >= 0.9

@@ -1,0 +1,53 @@
+"""Shared by the benchmark scripts: run a command and measure its wall time and peak memory.
+
+Peak memory is the largest summed RSS of the process and all its descendants, sampled every 0.5 s,
+so Ray's raylet, object store and worker processes are counted, not only the driver.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+
+def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
+    """Sample the summed RSS of a process and all its descendants (Ray workers included)."""
+    import psutil
+
+    peak = 0
+    root = psutil.Process(pid)
+    while not stop.is_set():
+        try:
+            total = 0
+            for proc in [root, *root.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            peak = max(peak, total)
+        except psutil.Error:
+            break
+        time.sleep(0.5)
+    result["peak_rss"] = peak
+
+
+def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNING", "logging_progress")):
+    """Run ``cmd``; return (exit code, wall seconds, peak tree RSS in bytes, output lines)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stop, mem = threading.Event(), {}
+    sampler = threading.Thread(target=peak_tree_rss, args=(proc.pid, stop, mem))
+    sampler.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if echo and not any(tag in line for tag in quiet_tags):
+            sys.stdout.write("    " + line)
+            sys.stdout.flush()
+    proc.wait()
+    wall = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    return proc.returncode, wall, mem.get("peak_rss", 0), lines
