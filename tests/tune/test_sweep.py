@@ -219,14 +219,16 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     proc = subprocess.Popen([sys.executable, str(SWEEP), *args], cwd=tmp_path, env=ENV,
                             stdout=open(tmp_path / "first.log", "wb"), stderr=subprocess.STDOUT)
 
-    def finished_trials() -> list[str]:
-        if not db.is_file():
-            return []
-        try:
-            with sqlite3.connect(db) as con:
-                return [r[0] for r in con.execute("select name from runs where status = 'FINISHED' and name like 't0%'")]
-        except sqlite3.OperationalError:
-            return []
+    def finished_trials(attempts: int = 1) -> list[str]:
+        for _ in range(attempts):
+            if db.is_file():
+                try:
+                    with sqlite3.connect(db, timeout=30) as con:
+                        return [r[0] for r in con.execute("select name from runs where status = 'FINISHED' and name like 't0%'")]
+                except sqlite3.OperationalError:  # not created yet, or locked by a writer
+                    pass
+            time.sleep(1)
+        return []
 
     deadline = time.time() + 300
     while len(finished_trials()) < 2 and proc.poll() is None and time.time() < deadline:
@@ -235,7 +237,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
-    done_before = finished_trials()
+    done_before = finished_trials(attempts=30)
     assert 2 <= len(done_before) < 4
     experiment_dir = tmp_path / "ray" / "res"
     stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
