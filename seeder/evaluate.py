@@ -34,22 +34,8 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def query_attributes(kg, query_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """The dataset's query attribute columns (manifest ``query_attributes``), one value per query id."""
-    names = [c for c in kg.manifest.get("query_attributes", []) if c in kg.queries.column_names]
-    if not names or len(query_ids) == 0:
-        return {}
-    table = kg.queries.select(["id", *names])
-    ids = table.column("id").to_numpy()
-    order = np.argsort(ids)
-    pos = np.minimum(np.searchsorted(ids[order], query_ids), len(ids) - 1)
-    rows = order[pos]
-    missing = ids[rows] != query_ids
-    if missing.any():
-        raise DataError(f"{kg.path}: query ids {query_ids[missing][:5].tolist()} of the subgraphs are not in queries.parquet")
-    out = {}
-    for name in names:
-        out[name] = np.asarray(table.column(name).to_numpy(zero_copy_only=False))[rows]
-    return out
+    """The dataset's query attribute columns, one value per query id (see KnowledgeGraph.query_attributes)."""
+    return kg.query_attributes(query_ids)
 
 
 def metric_names(ks: list[int]) -> list[str]:

@@ -489,32 +489,15 @@ def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_i
 # Summary
 
 
-def query_attributes(kg: KnowledgeGraph, query_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """Each query attribute column (e.g. ``hop``) aligned to ``query_ids``."""
-    names = [n for n in kg.manifest.get("query_attributes", []) if n in kg.queries.column_names]
-    if not names:
-        return {}
-    table = kg.table("queries", ["id", *names]).sort_by("id")
-    rows = np.searchsorted(table.column("id").to_numpy(), query_ids)
-    return {n: np.asarray(table.column(n).to_pylist(), dtype=object)[rows] for n in names}
-
-
-MAX_ATTRIBUTE_VALUES = 20  # attributes with more values (free-text types, ids) are not broken down
-
-
 def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
     """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split, and per
-    value of each low-cardinality query attribute (e.g. ``hop``)."""
+    value of each query attribute that makes groups (e.g. ``hop``; see seeder.metrics)."""
     from seeder.metrics import subgraph_ceiling
 
     out: dict[str, Any] = {}
     for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
         part = subgraphs if split == "all" else subgraphs.select_split(split)
-        attributes = {
-            name: values for name, values in query_attributes(kg, part.query_ids).items()
-            if len(set(values.tolist())) <= MAX_ATTRIBUTE_VALUES
-        }
-        out[split] = subgraph_ceiling(part, attributes or None)
+        out[split] = subgraph_ceiling(part, kg.query_attributes(part.query_ids) or None)
     return out
 
 
