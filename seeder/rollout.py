@@ -17,7 +17,7 @@ After T steps the scoring head scores V_T. Only the loop over steps and layers i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -60,6 +60,11 @@ class QueryBatch:
     @property
     def width(self) -> int:
         return self.valid.shape[1]
+
+    def to(self, device: torch.device | str) -> "QueryBatch":
+        """The same batch with every tensor on ``device`` (the rollout follows the batch's device)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return QueryBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 def make_query_batch(
@@ -121,7 +126,8 @@ class RolloutOutput:
 
 
 def gumbel_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    u = torch.rand(x.shape, generator=generator, dtype=x.dtype).clamp_(1e-10, 1.0 - 1e-7)
+    # Drawn on the CPU generator (reproducible, checkpointed) and moved: the same noise on any device.
+    u = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device).clamp_(1e-10, 1.0 - 1e-7)
     return -torch.log(-torch.log(u))
 
 
@@ -168,10 +174,11 @@ class Rollout:
         self.node_state = model.encode_nodes(
             batch.node_text, batch.query_features[batch.node_query], batch.hop, batch.flat_score
         )  # [n, hidden], shared by every copy of a query
-        self.dense_to_flat = torch.full((num_queries * width,), -1, dtype=torch.long)
-        self.dense_to_flat[batch.flat_position] = torch.arange(len(batch.flat_position))
+        device = self.device = batch.valid.device
+        self.dense_to_flat = torch.full((num_queries * width,), -1, dtype=torch.long, device=device)
+        self.dense_to_flat[batch.flat_position] = torch.arange(len(batch.flat_position), device=device)
         self.query_ctx_per_query = model.encode_queries(batch.query_features)  # [B, hidden]
-        self.copy_query = torch.arange(num_queries).repeat_interleave(copies)
+        self.copy_query = torch.arange(num_queries, device=device).repeat_interleave(copies)
         self.query_ctx = self.query_ctx_per_query[self.copy_query]  # [G, hidden]
         self.num_types = relation_features.shape[0]
         self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B * 2R, hidden]
@@ -185,7 +192,7 @@ class Rollout:
         """Edges of ``copies`` copies of every query, at dense positions g * P + p (cached)."""
         if copies not in self._edges:
             batch = self.batch
-            base = (batch.edge_query * copies).repeat_interleave(copies) + torch.arange(copies).repeat(len(batch.edge_query))
+            base = (batch.edge_query * copies).repeat_interleave(copies) + torch.arange(copies, device=self.device).repeat(len(batch.edge_query))
             src = base * self.width + batch.edge_src.repeat_interleave(copies)
             dst = base * self.width + batch.edge_dst.repeat_interleave(copies)
             typed = batch.edge_query * self.num_types + batch.edge_type  # the query's view of the relation
@@ -227,7 +234,7 @@ class Rollout:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         selected = reached_at >= 0
         front_index, front_ok = self.frontier(selected, cap, copies)
-        rows = torch.arange(len(selected)).unsqueeze(1).expand_as(front_index)
+        rows = torch.arange(len(selected), device=self.device).unsqueeze(1).expand_as(front_index)
         active = selected.clone()
         active[rows[front_ok], front_index[front_ok]] = True
         h, compact = self.embed(active, reached_at, copies)
@@ -245,7 +252,7 @@ class Rollout:
         selected = self.expand(self.batch.is_seed) & valid
         reached_at = torch.where(selected, 0, -1)
         log_prob = self.query_ctx.new_zeros(self.num_copies)
-        rows = torch.arange(self.num_copies).unsqueeze(1)
+        rows = torch.arange(self.num_copies, device=self.device).unsqueeze(1)
         for step, (size, cap) in enumerate(zip(expansion_sizes, frontier_caps)):
             if step == 0:
                 # Every copy starts from the same seeds: run the GNN once per query, share the logits.
@@ -296,6 +303,6 @@ def rank_nodes(batch: QueryBatch, in_set: torch.Tensor, set_scores: torch.Tensor
     ranked = node_id.gather(1, order).masked_fill(group.gather(1, order) == 2, -1)
     ranking = np.full((batch.num_queries, length), -1, dtype=np.int64)
     width = min(length, ranked.shape[1])
-    ranking[:, :width] = ranked[:, :width].numpy()
-    set_size = np.minimum(in_set.sum(1).numpy().astype(np.int64), length)
+    ranking[:, :width] = ranked[:, :width].cpu().numpy()
+    set_size = np.minimum(in_set.sum(1).cpu().numpy().astype(np.int64), length)
     return RetrievalResult(query_ids=np.asarray(batch.query_ids, dtype=np.int64), ranking=ranking, set_size=set_size)

@@ -92,6 +92,11 @@ class TrainingData:
         )
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live; batches and features follow it."""
+    return next(model.parameters()).device
+
+
 @dataclass
 class TrainState:
     config: SeederConfig
@@ -189,7 +194,7 @@ def train_step(state: TrainState, batch: QueryBatch, relation_features: torch.Te
         m = cfg.num_trajectories
         greedy_extra = cfg.baseline == "greedy"
         copies = m + int(greedy_extra)
-        greedy = torch.zeros(batch.num_queries, copies, dtype=torch.bool)
+        greedy = torch.zeros(batch.num_queries, copies, dtype=torch.bool, device=batch.valid.device)
         if greedy_extra:
             greedy[:, -1] = True
         rollout = Rollout(model, batch, relation_features, copies)
@@ -231,14 +236,15 @@ def train_epoch(
     order = state.order_rng.permutation(pool)
     if cfg.queries_per_epoch:
         order = order[: cfg.queries_per_epoch]
-    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32))
+    device = model_device(state.model)
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     sums: dict[str, float] = {}
     start = time.perf_counter()
     num_batches = math.ceil(len(order) / cfg.batch_size)
     report_every = max(1, num_batches // 10)
     for i in range(num_batches):
         index = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-        metrics = train_step(state, data.batch(index), relation_features)
+        metrics = train_step(state, data.batch(index).to(device), relation_features)
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + value
         if progress and ((i + 1) % report_every == 0 or i + 1 == num_batches):
@@ -265,12 +271,13 @@ def retrieve(
     (the model's for the retrieved set, the K-hop filter score for the rest; NaN for padding)."""
     length = length or config.eval.ranking_length
     model.eval()
-    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32))
+    device = model_device(model)
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     results, steps, node_scores = [], [], []
     batch_size = config.train.eval_batch_size
     for lo in range(0, len(data.subgraphs), batch_size):
         index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
-        batch = data.batch(index)
+        batch = data.batch(index).to(device)
         if config.train.mode == "rerank":
             scores = score_whole_subgraph(model, batch, relation_features)
             budget = int(config.seed.k0 + sum(config.train.expansion_sizes))
@@ -281,20 +288,20 @@ def retrieve(
             reached_at = torch.where(in_set, 0, -1)
         else:
             rollout = Rollout(model, batch, relation_features, copies=1)
-            greedy = torch.ones(batch.num_queries, dtype=torch.bool)
+            greedy = torch.ones(batch.num_queries, dtype=torch.bool, device=device)
             out = rollout.run(config.train.expansion_sizes, config.train.frontier_caps, greedy)
             in_set, scores, reached_at = out.selected, out.scores, out.reached_at
         result = rank_nodes(batch, in_set, scores, length)
         results.append(result)
         # The step of every ranked node: look up each ranked id among its query's nodes.
-        node_ids = batch.global_nodes.numpy()
+        node_ids = batch.global_nodes.cpu().numpy()
         ranked = result.ranking
         match = (ranked[:, :, None] == node_ids[:, None, :]) & (ranked[:, :, None] >= 0)
         pos = match.argmax(2)
-        step = np.take_along_axis(reached_at.numpy(), pos, 1)
+        step = np.take_along_axis(reached_at.cpu().numpy(), pos, 1)
         found = match.any(2)
         steps.append(np.where(found, step, -1))
-        shown = torch.where(in_set, scores, batch.filter_score).numpy()
+        shown = torch.where(in_set, scores, batch.filter_score).cpu().numpy()
         node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
     width = max(r.ranking.shape[1] for r in results)
     result = RetrievalResult(
