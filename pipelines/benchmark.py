@@ -18,23 +18,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 import pyarrow as pa
 
+from pipelines.ray_runtime import start_ray
 from seeder.benchmark import BlockRanker, results_from_blocks
 from seeder.config import to_dict
-
-
-def start_ray(address: str | None, num_cpus: int | None):
-    """Join ``address`` (or RAY_ADDRESS); otherwise an embedded local Ray on the loopback interface."""
-    import ray
-
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
-        ray.init(address=address)
-    else:
-        ray.init(address="local" if address == "local" else None, num_cpus=num_cpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1")
-    return ray
 
 
 def make_ray_ranker(artifacts_path: str | Path, split: str, address: str | None = None, num_cpus: int | None = None,
@@ -43,7 +29,7 @@ def make_ray_ranker(artifacts_path: str | Path, split: str, address: str | None 
     blocks of ``block_queries`` on an actor pool (one actor per CPU unless ``actors`` is given)."""
 
     def rank(inputs, methods: list[str], config, model: str | None, block_queries: int):
-        ray = start_ray(address, num_cpus)
+        ray = start_ray(address, num_cpus, who="benchmark")
         import ray.data
 
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -23,35 +23,13 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
+from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import preprocess as pp
 from seeder.embed import EncoderUDF
 from seeder.config import ConfigError, SeederConfig, load_config, to_dict
 from seeder.io import DataError, now, read_manifest, write_manifest
 from seeder.store import KnowledgeGraph, open_dataset
-
-
-def start_ray(address: str | None, num_cpus: int | None):
-    import ray
-
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
-        ray.init(address=address, log_to_driver=True)
-    else:
-        # Embedded local Ray, bound to the loopback interface, without a dashboard. Ray gives its
-        # raylet a fixed 30 s to register; on an overloaded machine that can fail, so try again.
-        for attempt in range(3):
-            try:
-                ray.init(address="local" if address == "local" else None, num_cpus=num_cpus,
-                         include_dashboard=False, _node_ip_address="127.0.0.1")
-                break
-            except Exception as exc:  # Ray raises a bare Exception for this timeout
-                if "timed out during startup" not in str(exc) or attempt == 2:
-                    raise
-                print(f"preprocess: Ray did not start ({exc}); retrying", file=sys.stderr, flush=True)
-                ray.shutdown()
-    return ray
 
 
 def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
@@ -208,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     def need_ray():
         nonlocal ray
         if ray is None:
-            ray = start_ray(args.ray_address, args.num_cpus)
+            ray = start_ray(args.ray_address, args.num_cpus, who="preprocess")
         return ray
 
     try:

@@ -43,6 +43,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import numpy as np
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
+from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, flatten, from_dict, load_config, to_dict
 from seeder.io import DataError
@@ -119,6 +121,8 @@ def prepare_job(
 
     if num_workers < 1:
         raise ConfigError(f"--num-workers {num_workers}: need at least 1")
+    if not is_uri(artifacts):
+        artifacts = str(Path(artifacts).resolve())  # Ray Train workers run in their own directories
     local = fetch(artifacts)
     if not Path(local).is_dir():
         raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
@@ -294,31 +298,6 @@ def progress_line(row: dict[str, Any], epochs: int) -> str:
 # -- the driver ---------------------------------------------------------------------------------------
 
 
-def start_ray(num_cpus: int | None = None):
-    import ray
-
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        if address and address != "local":
-            ray.init(address=address)
-        else:
-            # Embedded local Ray on the loopback interface, without a dashboard. On a saturated machine the
-            # raylet can miss its registration deadline; one clean retry gets past that.
-            for attempt in (1, 2):
-                try:
-                    ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
-                    break
-                except Exception as exc:  # Ray raises a bare Exception for a startup timeout
-                    ray.shutdown()
-                    if attempt == 2:
-                        raise RuntimeError(
-                            f"a local Ray did not start ({exc}); the machine may be overloaded: retry, raise "
-                            "RAY_raylet_start_wait_time_s, or pass RAY_ADDRESS of a running cluster"
-                        ) from exc
-                    print(f"Ray did not start ({exc}); retrying once", file=sys.stderr, flush=True)
-    return ray
-
-
 def run_training(
     config: SeederConfig,
     artifacts: str,
@@ -435,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MLflow run {run_id} ({'continued' if resumed else 'new'}) in experiment '{args.experiment}' "
               f"at {tracking.tracking_uri()}", flush=True)
     try:
-        start_ray()
+        start_ray(who="train")
     except RuntimeError as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 1

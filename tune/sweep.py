@@ -30,6 +30,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Persist the experiment state often, so that an interruption loses at most a few seconds of it.
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
+from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import sweep as sw  # noqa: E402
 from seeder.config import ConfigError, SeederConfig, from_dict, load_config, to_dict  # noqa: E402
 from seeder.io import DataError  # noqa: E402
@@ -98,7 +100,7 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRu
     """
     from ray import tune
 
-    sys.path.insert(0, str(REPO_ROOT))
+    sys.path.insert(0, str(REPO_ROOT))  # this runs in a Ray worker, whose path lacks the repo root
     from pipelines import train as ray_train  # noqa: PLC0415
 
     result = ray_train.run_training(
@@ -153,29 +155,6 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
         if run is not None and isinstance(exc, Exception):
             run.finish("FAILED", error=f"{type(exc).__name__}: {exc}")
         raise
-
-
-def start_ray(address: str | None, num_cpus: int | None):
-    """Join ``address`` (or RAY_ADDRESS, set by ``ray job submit``); otherwise start an embedded local
-    Ray on the loopback interface, never an unrelated cluster that happens to run on this machine."""
-    import ray
-
-    if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS")
-        if address and address != "local":
-            ray.init(address=address)
-        else:
-            for attempt in range(3):
-                try:
-                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                             log_to_driver=True)
-                    break
-                except Exception as exc:  # an overloaded machine: "The current node timed out during startup"
-                    ray.shutdown()
-                    if "timed out" not in str(exc) or attempt == 2:
-                        raise
-                    print(f"embedded Ray did not start ({exc}); retrying", file=sys.stderr)
-    return ray
 
 
 def collect(result_grid, epochs: int) -> list[dict]:
@@ -303,7 +282,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    start_ray(args.ray_address, args.num_cpus)
+    start_ray(args.ray_address, args.num_cpus, who="sweep")
     resuming = args.resume and tune.Tuner.can_restore(str(Path(storage) / name) if experiment_dir else f"{storage}/{name}")
     if args.resume and not resuming:
         print(f"nothing to resume at {storage}/{name}; starting the sweep", file=sys.stderr)

@@ -1,0 +1,40 @@
+"""Joining or starting Ray, shared by every entry point in pipelines/ and tune/.
+
+An explicit address (``--ray-address``) or ``RAY_ADDRESS`` (which ``ray job submit`` sets) joins that
+cluster. Otherwise the entry point starts an embedded local Ray bound to the loopback interface,
+without a dashboard: it never silently joins an unrelated cluster that happens to run on the machine
+(whose CPUs may all be taken, which would leave this job waiting forever).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+STARTUP_ATTEMPTS = 3
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None, who: str = "seeder"):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(address=address, log_to_driver=True)
+        return ray
+    # Ray gives its raylet a fixed time to register; on an overloaded machine that can fail once.
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     log_to_driver=True)
+            return ray
+        except Exception as exc:  # Ray raises a bare Exception for a startup timeout
+            ray.shutdown()
+            if "timed out" not in str(exc) or attempt == STARTUP_ATTEMPTS:
+                raise RuntimeError(
+                    f"{who}: a local Ray did not start ({exc}); the machine may be overloaded: retry, raise "
+                    "RAY_raylet_start_wait_time_s, or pass the address of a running cluster"
+                ) from exc
+            print(f"{who}: Ray did not start ({exc}); retrying", file=sys.stderr, flush=True)
+    return ray
