@@ -28,14 +28,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+from measure import run_measured  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,28 +115,6 @@ def part_embedding(args) -> dict:
     return out
 
 
-def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
-    """Sample the summed RSS of a process and all its descendants (Ray workers included)."""
-    import psutil
-
-    peak = 0
-    root = psutil.Process(pid)
-    while not stop.is_set():
-        try:
-            procs = [root, *root.children(recursive=True)]
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.Error:
-                    pass
-            peak = max(peak, total)
-        except psutil.Error:
-            break
-        time.sleep(0.5)
-    result["peak_rss"] = peak
-
-
 def part_job(args) -> dict:
     from seeder.synth import SynthConfig, synthesize
 
@@ -155,29 +133,16 @@ def part_job(args) -> dict:
         shutil.rmtree(out)
     cmd = [sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset), "--out", str(out),
            "--ray-address", "local", "embed.encoder=hash", *args.overrides]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    stop, mem = threading.Event(), {}
-    sampler = threading.Thread(target=peak_tree_rss, args=(proc.pid, stop, mem))
-    sampler.start()
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if not any(tag in line for tag in (" INFO ", "WARNING", "logging_progress")):
-            sys.stdout.write("    " + line)
-    proc.wait()
-    wall = time.perf_counter() - start
-    stop.set()
-    sampler.join()
-    if proc.returncode != 0:
+    code, wall, peak, lines = run_measured(cmd)
+    if code != 0:
         print("".join(lines[-40:]))
-        raise SystemExit(f"the job failed with exit code {proc.returncode}")
+        raise SystemExit(f"the job failed with exit code {code}")
     summary = json.loads((out / "summary.json").read_text())
     cores = os.cpu_count() or 1
     sub = summary["stages"]["subgraphs"]
     result = {
         "nodes": summary["counts"]["nodes"], "edges": summary["counts"]["edges"], "queries": summary["counts"]["queries"],
-        "wall_s": wall, "peak_rss_gb": mem.get("peak_rss", 0) / 1e9,
+        "wall_s": wall, "peak_rss_gb": peak / 1e9,
         "stages": {k: {"seconds": v["seconds"], "per_second": v["per_second"], "unit": v["unit"]} for k, v in summary["stages"].items()},
         "subgraphs_per_s_per_core": sub["items"] / sub["seconds"] / cores,
         "ceiling": summary["ceiling"]["all"]["all"],

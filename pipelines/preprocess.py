@@ -169,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     total_start = time.perf_counter()
 
     def stage_run(name, body, items, unit, detail):
-        nonlocal ray
         stage = pp.StageDir(out, name, fps[name])
         done = stage.complete_manifest()
         if done is None:

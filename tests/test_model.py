@@ -1,6 +1,5 @@
 """The policy network: gradients, permutation equivariance, disjoint-union batching."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ import torch
 from seeder.config import load_config
 from seeder.model import SeedERPolicy
 from seeder.rollout import Rollout, plackett_luce_log_prob, rank_nodes, sample_top_k
-from seeder.train import build_state, retrieve, toy_task
+from seeder.train import retrieve, toy_task
 
 
 def exact_ordered_probability(logits: list[float], order: tuple[int, ...]) -> float:

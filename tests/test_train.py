@@ -94,7 +94,6 @@ def test_fit_keeps_best_and_last_and_resumes(tmp_path):
 
 
 def test_bad_inputs_are_clear_errors(tmp_path):
-    data = toy_task(8, 30, 8)
     with pytest.raises(ConfigError, match="one entry per expansion step"):
         build_state(load_config(None, ["train.expansion_sizes=[3]", "train.frontier_caps=[8,10]"]), 8, 1)
     with pytest.raises(ConfigError, match="baseline"):
