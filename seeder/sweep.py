@@ -324,9 +324,13 @@ class TrialRun:
 
         self.client = MlflowClient(tracking_uri)
         found = find_child_runs(self.client, experiment_id, parent_run_id, name)
+        self.logged_epochs: set[int] = set()
         if found:
             self.run_id = found[0].info.run_id
             self.client.update_run(self.run_id, status="RUNNING")
+            # A trial interrupted between logging an epoch and Tune saving its checkpoint redoes that
+            # epoch on resume; the run keeps the first record of each epoch.
+            self.logged_epochs = {m.step for m in self.client.get_metric_history(self.run_id, METRIC)}
         else:
             run = self.client.create_run(
                 experiment_id,
@@ -343,6 +347,9 @@ class TrialRun:
     def log_epoch(self, metrics: dict[str, float], epoch: int) -> None:
         from mlflow.entities import Metric
 
+        if epoch in self.logged_epochs:
+            return
+        self.logged_epochs.add(epoch)
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, epoch) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "epoch"]
         self.client.log_batch(self.run_id, metrics=items)

@@ -141,6 +141,10 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
 
         def report(metrics: dict, checkpoint_dir: Path) -> None:
             run.log_epoch(metrics, int(metrics["epoch"]))
+            if int(metrics["epoch"]) >= config.train.epochs:
+                # Tune ends a trial that reaches max_t inside this last report: mark it finished first,
+                # or an interrupted sweep would leave completed trials RUNNING in MLflow.
+                run.finish("FINISHED")
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
 
         if checkpoint is not None:

@@ -214,7 +214,9 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     import sqlite3
 
     db = tmp_path / "runs" / "mlflow.db"
-    args = ["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "1", "--name", "res",
+    # Six trials, one at a time: after two finish, enough work is left that Ctrl-C lands mid-sweep
+    # even on an idle machine (with four, the sweep could finish first).
+    args = ["--artifacts", str(artifacts), "--num-samples", "6", "--max-concurrent", "1", "--name", "res",
             "--storage", str(tmp_path / "ray"), "--grace-epochs", "2", *TRIAL_ARGS]
     proc = subprocess.Popen([sys.executable, str(SWEEP), *args], cwd=tmp_path, env=ENV,
                             stdout=open(tmp_path / "first.log", "wb"), stderr=subprocess.STDOUT)
@@ -230,16 +232,17 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
             time.sleep(1)
         return []
 
+    # One trial at a time: once the third trial's directory exists, the first two have finished.
+    experiment_dir = tmp_path / "ray" / "res"
     deadline = time.time() + 300
-    while len(finished_trials()) < 2 and proc.poll() is None and time.time() < deadline:
-        time.sleep(1)
+    while len(list(experiment_dir.glob("t[0-9]*"))) < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
     assert proc.poll() is None, "the sweep ended before it could be interrupted: " + (tmp_path / "first.log").read_text()[-2000:]
     time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
     done_before = finished_trials(attempts=30)
-    assert 2 <= len(done_before) < 4
-    experiment_dir = tmp_path / "ray" / "res"
+    assert 2 <= len(done_before) < 6
     stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
     assert len(stamps) == len(done_before)
 
@@ -247,7 +250,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     assert "resuming sweep res" in second.stderr
     trial_dirs = sorted(p.name for p in experiment_dir.glob("t[0-9]*") if p.is_dir())
-    assert len(trial_dirs) == 4, trial_dirs
+    assert len(trial_dirs) == 6, trial_dirs
     for name, stamp in stamps.items():
         assert (experiment_dir / name / "result.json").stat().st_mtime_ns == stamp, f"finished trial {name} was rerun"
     with sqlite3.connect(db) as con:
