@@ -32,7 +32,6 @@ from seeder.store import open_dataset
 print(open_dataset(sys.argv[1]).queries_of("test").column("text")[0])
 PY
 )
-echo "question: $question"
 seeder retrieve --model "$OUT/model/best.pt" --artifacts "$OUT/artifacts" -k 5 "$question"
 
 printf '\nDone. Results: %s/test_metrics.json; runs: `seeder ui` then open http://127.0.0.1:5000\n' "$OUT"
