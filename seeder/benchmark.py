@@ -136,13 +136,11 @@ class BenchmarkInputs:
 
 
 def load_inputs(artifacts, split: str, max_queries: int | None = None, seed: int = 0) -> BenchmarkInputs:
-    from seeder.evaluate import query_attributes
-
     subgraphs = artifacts.subgraphs(split=split)
     if len(subgraphs) == 0:
         raise DataError(f"{artifacts.path}: no {split} queries in the subgraphs stage; pick another --split")
     total = len(subgraphs)
-    attributes = query_attributes(artifacts.dataset, subgraphs.query_ids)
+    attributes = artifacts.dataset.query_attributes(subgraphs.query_ids)
     if max_queries and max_queries < total:
         keep = stratified_sample(total, max_queries, _first_groupable(attributes), seed)
         subgraphs = subgraphs.take(keep)

@@ -33,11 +33,6 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def query_attributes(kg, query_ids: np.ndarray) -> dict[str, np.ndarray]:
-    """The dataset's query attribute columns, one value per query id (see KnowledgeGraph.query_attributes)."""
-    return kg.query_attributes(query_ids)
-
-
 def metric_names(ks: list[int]) -> list[str]:
     names = []
     for pattern in METRIC_ORDER:
@@ -53,7 +48,7 @@ def run_evaluation(
     if len(subgraphs) == 0:
         raise DataError(f"{artifacts.path}: no {split} queries in the subgraphs stage; pick another --split")
     query_features = np.asarray(artifacts.query_features[artifacts.query_rows(subgraphs.query_ids)], dtype=np.float32)
-    attributes = query_attributes(artifacts.dataset, subgraphs.query_ids)
+    attributes = artifacts.dataset.query_attributes(subgraphs.query_ids)
     report: dict[str, Any] = {
         "artifacts": str(artifacts.path),
         "split": split,
