@@ -71,10 +71,11 @@ class SeedConfig:
     entity_min_chars: int = 3
     """Shortest node name that entity linking matches (avoids matching ``a``, ``II``...)."""
     entity_max: int = 3
-    """At most this many entity-linked seeds per query (longest names first)."""
-    block_nodes: int = 131_072
+    """At most this many entity-linked seeds per query (rarest mention first, see EntityLinker)."""
+    block_nodes: int = 16_384
     """Nodes per block in the exact blocked top-k search (bounds memory at millions of nodes: one
-    block of scores is block_queries x block_nodes float32, 256 MiB at the defaults)."""
+    block of scores is block_queries x block_nodes float32, 32 MiB at the defaults; small blocks stay
+    in cache, and after the first block only scores above each query's running k-th best are kept)."""
     block_queries: int = 512
     """Queries per block in the exact blocked top-k search."""
 
@@ -94,6 +95,10 @@ class ExpandConfig:
     """At most this many candidate edges scored per hop and query."""
     weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     """Weights of sim(q,u), sim(q,v) and sim(q,r) in the filter score (paper, Section 3)."""
+    parent_term: str = "similarity"
+    """What the w2 term reads from the source node v: ``similarity`` (sim(q,v), the paper's) or
+    ``score`` (v's own filter score, so the relations of the whole path from the seed add up and a
+    multi-hop question's relation chain outranks hub neighbourhoods)."""
     batch_queries: int = 256
     """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
 

@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from seeder import benchmark as bm
 from seeder.artifacts import open_artifacts
 from seeder.config import ConfigError
-from seeder.store import write_dataset
+from tests.datasets import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 PREPROCESS = REPO / "pipelines" / "preprocess.py"
@@ -33,37 +32,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def tiny_dataset(directory: Path) -> Path:
-    """300 nodes, 1,500 edges, 4 relations, 90 queries over three splits with a ``hop`` attribute;
-    answers are 1- or 2-hop graph neighbours of the entity the question names (as in
-    tests/pipelines/test_preprocess.py)."""
-    rng = np.random.default_rng(11)
-    n, e, r, q = 300, 1500, 4, 90
-    names = [f"entity {i} {['red', 'blue', 'green', 'tall', 'old'][i % 5]}" for i in range(n)]
-    nodes = pa.table({"id": np.arange(n), "type": ["thing"] * n, "name": names, "text": names})
-    relations = pa.table({
-        "id": np.arange(r, dtype=np.int32), "name": [f"rel{i}" for i in range(r)],
-        "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse of relation {i}" for i in range(r)],
-    })
-    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
-    edges = pa.table({"src": src, "dst": dst, "relation": rng.integers(0, r, e).astype(np.int32)})
-    topic = rng.integers(0, n, q)
-    hop = (np.arange(q) % 2 + 1).astype(np.int64)
-
-    def step(nodes_from: set[int]) -> set[int]:
-        return {int(d) for s, d in zip(src.tolist(), dst.tolist()) if s in nodes_from}
-
-    answers = []
-    for t, h in zip(topic.tolist(), hop.tolist()):  # test data only: 90 small set walks
-        reach = step({t}) if h == 1 else step(step({t}))
-        answers.append(sorted(reach)[:3] or [t])
-    queries = pa.table({
-        "id": np.arange(q) * 5 + 2,
-        "text": [f"what is related to {names[t]}" for t in topic],
-        "answers": answers,
-        "split": np.array(["train", "val", "test"])[np.arange(q) % 3],
-        "hop": hop,
-    })
-    return write_dataset(directory, nodes, relations, edges, queries)
+    """300 nodes, 1,500 edges, 4 relations, 90 queries over three splits; answers 1 or 2 hops away."""
+    return write_tiny_dataset(directory, 90, seed=11, two_hop_answers=True, id_stride=5)
 
 
 @pytest.fixture(scope="module")

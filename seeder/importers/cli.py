@@ -8,7 +8,10 @@ import argparse
 def _metaqa(args: argparse.Namespace) -> int:
     from seeder.importers.metaqa import import_metaqa
 
-    import_metaqa(args.root, args.out, val_fraction=args.val_fraction, overwrite=args.overwrite)
+    import_metaqa(
+        args.root, args.out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+        overwrite=args.overwrite,
+    )
     return 0
 
 
@@ -50,6 +53,8 @@ def register(subparsers) -> None:
     metaqa.add_argument("--root", required=True, help="MetaQA folder holding kb.txt and 1-hop/, 2-hop/, 3-hop/")
     metaqa.add_argument("--val-fraction", type=float, default=0.1,
                         help="share of dev questions put in val by a stable hash of the question (default 0.1)")
+    metaqa.add_argument("--test-fraction", type=float, default=0.1,
+                        help="share of dev questions put in test where a hop has no qa_test.txt (default 0.1)")
     common(metaqa)
     metaqa.set_defaults(func=_metaqa)
 

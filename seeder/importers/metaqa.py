@@ -3,7 +3,7 @@
 Entities are bare, unique strings: one node per distinct string, its type inferred from the roles it
 plays (the head of every relation is a movie; the tail's type depends on the relation). Dev questions
 are split into train / val by a stable hash of the question; test questions (when present) become the
-test split. The bracketed topic entity is kept as query attributes (``topic``, ``topic_id``) and the
+test split, and where a hop has none a stable-hash share of its dev questions does. The bracketed topic entity is kept as query attributes (``topic``, ``topic_id``) and the
 brackets are removed from the stored text, so no downstream stage can lean on them. Answers missing
 from the graph (the shipped KB is about 96.8% complete) are dropped and counted, as are queries left
 with no answer.
@@ -191,9 +191,17 @@ def read_questions(path: Path, hop: int, names: pa.Array) -> tuple[pa.Table, dic
 
 
 def import_metaqa(
-    root: str | Path, out: str | Path, val_fraction: float = 0.1, overwrite: bool = False
+    root: str | Path,
+    out: str | Path,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Import a MetaQA folder into dataset directory ``out``; returns the source summary (also in the manifest)."""
+    """Import a MetaQA folder into dataset directory ``out``; returns the source summary (also in the manifest).
+
+    ``test_fraction`` of the dev questions become the test split for each hop whose ``qa_test.txt`` is absent
+    (the shared copy ships dev files only), so a model chosen on val is still scored on held-out questions.
+    """
     root = Path(root)
     kb_path = root / "kb.txt"
     if not kb_path.is_file():
@@ -216,7 +224,8 @@ def import_metaqa(
             rel_path = path.relative_to(root).as_posix()
             inputs[rel_path] = fingerprint_file(path)
             if part == "dev":
-                split = hash_split(table.column("raw"), val_fraction)
+                has_test = (root / f"{hop}-hop" / "qa_test.txt").is_file()
+                split = hash_split(table.column("raw"), val_fraction, 0.0 if has_test else test_fraction)
             else:
                 split = pa.array(np.full(table.num_rows, "test", dtype=object), type=pa.string())
             # Stable ids: hop, file and line number (ids survive a change of split fraction).
@@ -237,6 +246,7 @@ def import_metaqa(
         "format": "metaqa",
         "root": str(root),
         "val_fraction": val_fraction,
+        "test_fraction": test_fraction,
         "inputs": inputs,
         "duplicate_triples": graph_stats["duplicate_triples"],
         "questions": per_file,

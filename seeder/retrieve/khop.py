@@ -193,6 +193,8 @@ def _check_config(cfg: ExpandConfig) -> None:
         )
     if len(cfg.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 values (w1 sim(q,u), w2 sim(q,v), w3 sim(q,r)), got {cfg.weights}")
+    if cfg.parent_term not in ("similarity", "score"):
+        raise ConfigError(f"expand.parent_term={cfg.parent_term!r}: use 'similarity' (the paper's) or 'score'")
     if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
         raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
 
@@ -301,7 +303,8 @@ def expand_batch(
         rest = np.ones(len(ukeys), dtype=bool)
         rest[chosen] = False
         carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
-        src_q, src_node, src_sim = uq[chosen], unode[chosen], usim[chosen]
+        src_q, src_node = uq[chosen], unode[chosen]
+        src_sim = score[chosen] if cfg.parent_term == "score" else usim[chosen]
         clock("top-b")
 
     q = np.concatenate(sel_q)

@@ -5,7 +5,7 @@ Two sources of seeds:
 - dense: the top-k0 nodes by cosine to the query, computed exactly in blocks (queries x nodes) with a
   running top-k, so memory stays bounded at millions of nodes and ties break by node id;
 - entity linking (optional): node names mentioned verbatim in the query text, after case and
-  punctuation normalisation, longest mention first.
+  punctuation normalisation, rarest mention first (by how many of the graph's queries mention it).
 
 ``select_seeds`` combines them per ``seed.strategy``.
 """
@@ -109,15 +109,38 @@ def dense_seeds(
         best_scores = np.full((len(queries), k0), -np.inf, dtype=np.float32)
         for n_start in range(0, num_nodes, block_nodes):
             block = np.asarray(node_features[n_start : n_start + block_nodes], dtype=np.float32)
-            ids, scores = _block_topk(queries @ block.T, k0, n_start)
+            scores = queries @ block.T
+            if n_start == 0 or not np.isfinite(best_scores[:, -1]).all():
+                ids, values = _block_topk(scores, k0, n_start)
+            else:
+                # Only scores reaching a row's current k-th best can enter its top-k (blocks come in id
+                # order, so a later tie never beats an earlier one): after the first block, one
+                # comparison pass leaves a handful of candidates instead of a partition of every row.
+                threshold = best_scores[:, -1]
+                live = np.flatnonzero(scores.max(axis=1) >= threshold)  # a fast reduction first
+                if len(live) == 0:
+                    continue
+                sub_rows, cols = np.nonzero(scores[live] >= threshold[live, None])
+                rows = live[sub_rows]
+                ids, values = _pad_rows(rows, cols.astype(np.int64) + n_start, scores[rows, cols], len(queries))
             best_ids, best_scores = _merge_topk(
-                np.concatenate([best_ids, ids], axis=1), np.concatenate([best_scores, scores], axis=1), k0
+                np.concatenate([best_ids, ids], axis=1), np.concatenate([best_scores, values], axis=1), k0
             )
         out_ids[q_start : q_start + len(queries)] = best_ids
         out_scores[q_start : q_start + len(queries)] = best_scores
         if progress is not None:
             progress(q_start + len(queries))
     return out_ids, out_scores
+
+
+def _pad_rows(rows: np.ndarray, ids: np.ndarray, values: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Flat (row, id, value) entries, rows ascending -> [num_rows, widest row] padded with (-1, -inf)."""
+    counts = np.bincount(rows, minlength=num_rows)
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    out_ids = np.full((num_rows, int(counts.max())), -1, dtype=np.int64)
+    out_values = np.full(out_ids.shape, -np.inf, dtype=np.float32)
+    out_ids[rows, within], out_values[rows, within] = ids, values
+    return out_ids, out_values
 
 
 def row_cosines(query_features: np.ndarray, node_features: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -148,9 +171,15 @@ class EntityLinker:
 
     Built once per graph: node names are normalised with Arrow kernels, names shorter than
     ``seed.entity_min_chars``, longer than ``MAX_NGRAM`` tokens or made only of ``STOP_WORDS`` are
-    dropped, and a dict maps each
-    distinct normalised name to a slice of node ids (several nodes may share a name; they come in id
-    order). A query then looks up its word n-grams, longest first.
+    dropped, and a dict maps each distinct normalised name to a slice of node ids (several nodes may
+    share a name; they come in id order).
+
+    Which mention wins: the rarest first, counted as the number of the graph's own queries that
+    mention the name (an IDF). Words of the question's phrasing that happen to be node names ("film",
+    "director" are MetaQA tags) occur in thousands of questions; the entity a question is about occurs
+    in a few. Ties go to the longer mention, then left to right. A longer name never counts more
+    queries than a name inside it, so a title beats its own words. The counts use only query texts
+    (no answers), so val and test questions may take part.
     """
 
     def __init__(self, kg, seed_config: SeedConfig):
@@ -171,26 +200,38 @@ class EntityLinker:
         starts = np.concatenate([[0], np.cumsum(counts)])
         self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))
         self.max_tokens = int(tokens[usable].max()) if usable.any() else 0
+        self.query_counts: dict[str, int] = {}
+        for text in normalise_texts(kg.table("queries", ["text"]).column("text")).to_pylist():
+            for name in {m[2] for m in self._mentions(text.split())}:
+                self.query_counts[name] = self.query_counts.get(name, 0) + 1
+
+    def _mentions(self, words: list[str]) -> list[tuple[int, int, str]]:
+        """Every (start, length, name) where a node name occurs as a word n-gram."""
+        found = []
+        for n in range(min(self.max_tokens, len(words)), 0, -1):
+            for start in range(len(words) - n + 1):
+                name = " ".join(words[start : start + n])
+                if name in self.slices:
+                    found.append((start, n, name))
+        return found
 
     def link(self, texts: list[str]) -> list[np.ndarray]:
-        """Per text, the node ids of the names it mentions: longest mention first, then left to right;
-        mentions never overlap; at most ``seed.entity_max`` ids (empty when nothing matches)."""
+        """Per text, the node ids of the names it mentions, rarest mention first (then longest, then
+        left to right); mentions never overlap; at most ``seed.entity_max`` ids (empty when none)."""
         out = []
         for text in normalise_texts(texts).to_pylist():
             words = text.split()
             used = np.zeros(len(words), dtype=bool)
             found: list[int] = []
-            for n in range(min(self.max_tokens, len(words)), 0, -1):
-                for start in range(len(words) - n + 1):
-                    if used[start : start + n].any():
-                        continue
-                    hit = self.slices.get(" ".join(words[start : start + n]))
-                    if hit is None:
-                        continue
-                    used[start : start + n] = True
-                    found.extend(self.node_ids[hit[0] : hit[1]].tolist())
+            mentions = sorted(self._mentions(words), key=lambda m: (self.query_counts.get(m[2], 0), -m[1], m[0]))
+            for start, n, name in mentions:
                 if len(found) >= self.max_entities:
                     break
+                if used[start : start + n].any():
+                    continue
+                used[start : start + n] = True
+                lo, hi = self.slices[name]
+                found.extend(self.node_ids[lo:hi].tolist())
             ids = np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities]
             out.append(ids)
         return out

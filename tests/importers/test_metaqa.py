@@ -10,6 +10,7 @@ import pytest
 
 from seeder.cli import main
 from seeder.importers.metaqa import import_metaqa
+from seeder.io import DataError
 from seeder.store import open_dataset
 
 
@@ -38,10 +39,13 @@ def test_real_counts(real, metaqa_root):
     assert {d["values"] for d in hop_counts} == {1, 2, 3}
 
 
-def test_real_split_is_about_ninety_ten_and_test_empty_without_test_files(real):
-    n_val, n_train = real.queries_of("val").num_rows, real.queries_of("train").num_rows
-    assert 0.08 < n_val / (n_val + n_train) < 0.12
-    assert real.queries_of("test").num_rows == 0
+def test_real_split_carves_test_from_dev_without_test_files(real):
+    """The shared copy has no qa_test.txt: 10% of dev goes to val and 10% to test, by a stable hash."""
+    counts = {split: real.queries_of(split).num_rows for split in ("train", "val", "test")}
+    total = sum(counts.values())
+    assert 0.08 < counts["val"] / total < 0.12 and 0.08 < counts["test"] / total < 0.12
+    test_hops = pc.value_counts(real.queries_of("test").column("hop")).to_pylist()
+    assert {d["values"] for d in test_hops} == {1, 2, 3}
 
 
 def test_real_answers_and_topics_resolve_to_the_right_names(real, metaqa_root):
@@ -112,9 +116,15 @@ def test_mini_drops_missing_answers_dedups_triples_and_uses_test_files(tmp_path)
 
 def test_split_is_deterministic_and_follows_the_fraction_flag(tmp_path):
     root = write_mini(tmp_path / "mq")
-    all_val = import_metaqa(root, tmp_path / "a", val_fraction=0.999999)
+    all_val = import_metaqa(root, tmp_path / "a", val_fraction=0.999999, test_fraction=0.0)
     assert all_val["val_fraction"] == 0.999999
     assert set(open_dataset(tmp_path / "a").queries_of("val").column("id").to_pylist()) == {10000001, 10000002}
+    # Hops without qa_test.txt give their test share of dev questions; 2-hop keeps its own test file.
+    import_metaqa(root, tmp_path / "d", val_fraction=0.0, test_fraction=0.999999)
+    carved = open_dataset(tmp_path / "d").queries.to_pylist()
+    assert [(r["id"], r["split"]) for r in carved] == [(10000001, "test"), (10000002, "test"), (25000001, "test")]
+    with pytest.raises(DataError, match="split fractions"):
+        import_metaqa(root, tmp_path / "e", val_fraction=0.6, test_fraction=0.5)
     import_metaqa(root, tmp_path / "b", val_fraction=0.5)
     import_metaqa(root, tmp_path / "c", val_fraction=0.5)
     assert (tmp_path / "b" / "queries.parquet").read_bytes() == (tmp_path / "c" / "queries.parquet").read_bytes()

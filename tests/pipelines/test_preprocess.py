@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -23,7 +22,8 @@ from seeder.artifacts import open_artifacts
 from seeder.io import DataError
 from seeder.preprocess import TEST_STOP_ENV, stage_fingerprints
 from seeder.config import load_config
-from seeder.store import open_dataset, write_dataset
+from seeder.store import open_dataset
+from tests.datasets import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "preprocess.py"
@@ -51,27 +51,7 @@ def run_job(dataset: Path, out: Path, *extra: str, env: dict[str, str] | None = 
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory) -> Path:
     """300 nodes, 1,500 edges, 4 relations, 40 queries over three splits with a ``hop`` attribute."""
-    rng = np.random.default_rng(7)
-    n, e, r, q = 300, 1500, 4, 40
-    names = [f"entity {i} {['red', 'blue', 'green', 'tall', 'old'][i % 5]}" for i in range(n)]
-    nodes = pa.table({"id": np.arange(n), "type": ["thing"] * n, "name": names, "text": names})
-    relations = pa.table({
-        "id": np.arange(r, dtype=np.int32), "name": [f"rel{i}" for i in range(r)],
-        "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse of relation {i}" for i in range(r)],
-    })
-    src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
-    edges = pa.table({"src": src, "dst": dst, "relation": rng.integers(0, r, e).astype(np.int32)})
-    topic = rng.integers(0, n, q)
-    # Answers are graph neighbours of the named entity, so a good subgraph can contain them.
-    answers = [[int(dst[np.flatnonzero(src == t)][0])] if (src == t).any() else [int(t)] for t in topic]
-    queries = pa.table({
-        "id": np.arange(q) * 7 + 3,  # not contiguous: ids are kept, never assumed to be row numbers
-        "text": [f"what is related to {names[t]}" for t in topic],
-        "answers": answers,
-        "split": np.array(["train", "val", "test"])[np.arange(q) % 3],
-        "hop": (np.arange(q) % 2 + 1).astype(np.int64),
-    })
-    return write_dataset(tmp_path_factory.mktemp("data") / "tiny", nodes, relations, edges, queries)
+    return write_tiny_dataset(tmp_path_factory.mktemp("data") / "tiny", 40, seed=7, two_hop_answers=False, id_stride=7)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from seeder.config import ConfigError, SeedConfig
@@ -98,3 +99,18 @@ def test_select_seeds_strategies():
         select_seeds(SeedConfig(strategy="bm25"), dense_ids, dense_scores, None)
     with pytest.raises(ConfigError, match="EntityLinker"):
         select_seeds(SeedConfig(strategy="entity"), dense_ids, dense_scores, None)
+
+
+def test_entity_linking_prefers_the_rarest_mention(tmp_path):
+    """Question words that are also node names (MetaQA's tags "film", "director") lose to the entity
+    the question is about, because they occur in many of the graph's questions."""
+    names = ["film", "K2", "director", "Hotel"]
+    texts = ["the film K2 was directed by who", "the film Hotel was directed by who", "which film has director Hotel"]
+    queries = pa.table({"id": [0, 1, 2], "text": texts, "answers": [[0], [0], [0]], "split": ["val"] * 3})
+    kg = make_graph(tmp_path / "kg", [0], [1], [0], len(names), 1, names=names, queries=queries)
+    linker = EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=1))
+    assert linker.query_counts == {"film": 3, "k2": 1, "hotel": 2, "director": 1}
+    found = linker.link(["the film K2 was directed by who", "the film Hotel was directed by who"])
+    assert [f.tolist() for f in found] == [[1], [3]]
+    # Equal counts: the longer, then the earlier mention wins.
+    assert EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=2)).link(["director of K2"])[0].tolist() == [2, 1]
