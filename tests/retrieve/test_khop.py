@@ -23,6 +23,7 @@ def reference_expand(kg, nf, rf, qf, seeds, cfg):
             if s >= 0 and s not in nodes and len(nodes) < cfg.budget:
                 nodes.append(int(s)), hops.append(0), scores.append(sim(s))
         sims = {v: sim(v) for v in nodes}
+        parent = dict(sims)  # what the w2 term reads: sim(q,v), or v's filter score
         for h in range(1, cfg.hops + 1):
             best = {}
             for v in nodes:
@@ -30,13 +31,14 @@ def reference_expand(kg, nf, rf, qf, seeds, cfg):
                     u, r = int(nbrs[p]), int(rels[p])
                     if u in sims:
                         continue
-                    term = w2 * sims[v] + w3 * float(np.dot(rf[r].astype(np.float64), qf[q]))
+                    term = w2 * parent[v] + w3 * float(np.dot(rf[r].astype(np.float64), qf[q]))
                     best[u] = max(best.get(u, -np.inf), term)
             ranked = sorted(best, key=lambda u: (-(w1 * sim(u) + best[u]), u))
             room = min(cfg.keep_per_hop[h - 1], cfg.budget - len(nodes))
             for u in ranked[:room]:
                 nodes.append(u), hops.append(h), scores.append(w1 * sim(u) + best[u])
                 sims[u] = sim(u)
+                parent[u] = scores[-1] if cfg.parent_term == "score" else sims[u]
         out.append((nodes, hops, scores))
     return out
 
@@ -56,9 +58,10 @@ def induced_reference(edges, nodes):
     return {(int(s), int(d), int(r)) for s, d, r in zip(src, dst, rel) if s in members and d in members}
 
 
+@pytest.mark.parametrize("parent_term", ["similarity", "score"])
 @pytest.mark.parametrize("heavy_degree", [256, 4])
 @pytest.mark.parametrize("keep", [[4, 9], [3, 5, 6]])
-def test_matches_brute_force_reference(random_graph, keep, heavy_degree):
+def test_matches_brute_force_reference(random_graph, keep, heavy_degree, parent_term):
     kg, edges, rng = random_graph
     nf, rf = normalised(rng, kg.num_nodes, 16), normalised(rng, 2 * kg.num_relations, 16)
     qf = normalised(rng, 7, 16)
@@ -66,7 +69,7 @@ def test_matches_brute_force_reference(random_graph, keep, heavy_degree):
     seeds[0, 1] = seeds[0, 0]  # duplicate seed
     seeds[1, 2] = -1  # padding
     seeds[2] = [5, 9, -1]  # both hubs
-    cfg = ExpandConfig(budget=14, hops=len(keep), keep_per_hop=keep, batch_queries=3)
+    cfg = ExpandConfig(budget=14, hops=len(keep), keep_per_hop=keep, batch_queries=3, parent_term=parent_term)
     got = run(kg, nf, rf, qf, seeds, cfg, graph=GraphIndex.build(kg, heavy_degree=heavy_degree))
     assert (kg.degree()[[5, 9]] > 4).all()
     want = reference_expand(kg, nf, rf, qf, seeds, cfg)
@@ -136,6 +139,8 @@ def test_bad_config_and_seeds(random_graph):
     nf, rf, qf = normalised(rng, kg.num_nodes, 8), normalised(rng, 2 * kg.num_relations, 8), normalised(rng, 1, 8)
     with pytest.raises(ConfigError, match="keep_per_hop"):
         run(kg, nf, rf, qf, np.array([[1]]), ExpandConfig(hops=3, keep_per_hop=[1, 2]))
+    with pytest.raises(ConfigError, match="parent_term"):
+        run(kg, nf, rf, qf, np.array([[1]]), ExpandConfig(parent_term="path"))
     with pytest.raises(Exception, match="not a node"):
         run(kg, nf, rf, qf, np.array([[kg.num_nodes + 3]]), ExpandConfig())
     with pytest.raises(Exception, match="2R"):
