@@ -154,6 +154,10 @@ class TrainConfig:
     K-hop subgraph, BPR only, no learned expansion)."""
     queries_per_epoch: int = 0
     """Training queries sampled (without replacement) per epoch; 0 uses them all."""
+    init_from: str = ""
+    """Start from the weights of this checkpoint (a ``best.pt``/``last.pt`` path) instead of a random
+    initialisation; the optimizer and schedule start fresh (fine-tuning, or more epochs for a finished
+    run). Its model section must match this config's."""
     skip_unanswerable: bool = True
     """Leave out of training the queries whose bounded subgraph holds no answer: their rewards are all
     zero and they have no BPR pair, so they only cost time."""

@@ -146,6 +146,15 @@ def build_state(config: SeederConfig, feature_dim: int, steps_per_epoch: int) ->
     _check(config)
     torch.manual_seed(config.train.seed)
     model = SeedERPolicy(feature_dim, config.model)
+    if config.train.init_from:
+        payload = _read(config.train.init_from)
+        if payload["feature_dim"] != feature_dim or payload["config"]["model"] != to_dict(config.model):
+            raise ConfigError(
+                f"train.init_from={config.train.init_from}: its model ({payload['config']['model']}, feature dim "
+                f"{payload['feature_dim']}) differs from this run's ({to_dict(config.model)}, {feature_dim}); "
+                "use the same model.* settings"
+            )
+        model.load_state_dict(payload["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(steps_per_epoch, config.train.warmup_epochs, config.train.epochs)

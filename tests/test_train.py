@@ -93,6 +93,24 @@ def test_fit_keeps_best_and_last_and_resumes(tmp_path):
     assert again.epoch == 2 and any("resumed" in line for line in logs)
 
 
+def test_init_from_starts_from_trained_weights_with_a_fresh_schedule(tmp_path):
+    data = toy_task(32, 30, 8, seed=4)
+    config = load_config(None, [*TOY, "train.epochs=1"])
+    trained = build_state(config, data.feature_dim, steps_per_epoch(data, config))
+    train_epoch(trained, data)
+    save_checkpoint(trained, tmp_path / "trained.pt")
+    more = load_config(None, [*TOY, "train.epochs=3", f"train.init_from={tmp_path / 'trained.pt'}"])
+    state = build_state(more, data.feature_dim, steps_per_epoch(data, more))
+    for (name, a), b in zip(trained.model.state_dict().items(), state.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert state.epoch == 0 and state.scheduler.last_epoch == 0  # weights only: a fresh run
+    wider = load_config(None, [*TOY, "model.hidden_dim=64", f"train.init_from={tmp_path / 'trained.pt'}"])
+    with pytest.raises(ConfigError, match="same model"):
+        build_state(wider, data.feature_dim, 1)
+    with pytest.raises(DataError, match="does not exist"):
+        build_state(load_config(None, [*TOY, f"train.init_from={tmp_path / 'missing.pt'}"]), data.feature_dim, 1)
+
+
 def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="one entry per expansion step"):
         build_state(load_config(None, ["train.expansion_sizes=[3]", "train.frontier_caps=[8,10]"]), 8, 1)
