@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, from_dict
@@ -90,17 +91,25 @@ class Artifacts:
 
     def seeds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(query_ids [Q], seeds [Q, k0] int64 padded -1, seed_scores [Q, k0] float32)."""
-        table = pq.read_table(self._require("seeds") / "seeds.parquet").sort_by("query_id")
-        k0 = max((len(s) for s in table.column("seeds").to_pylist()), default=0)
-        seeds = np.full((table.num_rows, k0), -1, dtype=np.int64)
-        scores = np.full((table.num_rows, k0), -np.inf, dtype=np.float32)
-        for i, (s, sc) in enumerate(zip(table.column("seeds").to_pylist(), table.column("seed_scores").to_pylist())):
-            seeds[i, : len(s)] = s
-            scores[i, : len(sc)] = sc
-        return table.column("query_id").to_numpy(), seeds, scores
+        return read_seed_table(self._require("seeds") / "seeds.parquet")
 
     def subgraphs(self, split: str | None = None) -> SubgraphSet:
         return SubgraphSet.read(self._require("subgraphs"), split=split)
+
+
+def read_seed_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeds.parquet as (query_ids [Q] ascending, seeds [Q, k0] int64 padded -1, scores [Q, k0] float32
+    padded -inf); k0 is the longest seed list."""
+    table = pq.read_table(path).sort_by("query_id")
+    col = table.column("seeds").combine_chunks()
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    width = int(lengths.max(initial=0))
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    seeds = np.full((table.num_rows, width), -1, np.int64)
+    scores = np.full((table.num_rows, width), -np.inf, np.float32)
+    seeds[mask] = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+    scores[mask] = pc.list_flatten(table.column("seed_scores").combine_chunks()).to_numpy(zero_copy_only=False)
+    return table.column("query_id").to_numpy(), seeds, scores
 
 
 def open_artifacts(path: str | Path) -> Artifacts:

@@ -115,6 +115,11 @@ class ModelConfig:
     """Dropout in attention and feed-forward blocks."""
     query_injection: str = "concat"
     """``add`` (z_v + W_q z_q) or ``concat`` ([z_v, W_q z_q, cos(z_v, z_q)] then a projection)."""
+    step_relations: bool = False
+    """Condition each edge's relation embedding on the rollout state of its source node (seed, added at
+    step t, frontier) as well as on the query, so the model can tell which relation of a compositional
+    question comes first ("the r2 of the r1 of X" against "the r1 of the r2 of X"). Off is the paper's
+    model; it adds (MAX_STEPS + 2) x feature_dim parameters."""
 
 
 @dataclass

@@ -7,10 +7,12 @@ One network serves both decisions of a rollout:
   final score (Appendix D.5), trained with BPR.
 
 Attention runs only along the edges of the induced subgraph of the nodes a step looks at, and every edge
-modulates its keys and values with an embedding of its relation text and direction:
+modulates its keys and values with an embedding of its relation text and direction (and, with
+``model.step_relations``, of the rollout state of its source node):
 ``a_ij = Q_i . (K_j * E^K_ij) / sqrt(d)``, softmax over each target's incoming edges, messages
 ``alpha_ij (V_j + E^V_ij)``. Edge embeddings depend only on the relation id (``r`` or ``r + R`` for the
-inverse direction), so each layer projects the ``2R`` relation rows once and gathers them per edge.
+inverse direction), the query and the source's state, so each layer projects the ``B x S x 2R``
+relation rows once and gathers them per edge.
 
 Everything uses torch-geometric's pure-torch ``softmax`` and ``scatter``: no compiled extension needed.
 """
@@ -61,7 +63,7 @@ class EdgeModulatedAttention(nn.Module):
         q = self.query(x).view(n, heads, dh)
         k = self.key(x).view(n, heads, dh)
         v = self.value(x).view(n, heads, dh)
-        # Relation-typed edge embeddings: project the 2R rows once, gather per edge.
+        # Relation-typed edge embeddings: project the relation rows once, gather per edge.
         ek = self.edge_key(relation_emb).view(-1, heads, dh)[edge_type]
         ev = self.edge_value(relation_emb).view(-1, heads, dh)[edge_type]
         logits = (q[dst] * k[src] * ek).sum(-1) / math.sqrt(dh)  # [E, H]
@@ -102,6 +104,12 @@ class SeedERPolicy(nn.Module):
         # K-HOP-WITH-FILTERING's score (Section 3), so attention can follow the relations the query names.
         self.relation_query_proj = nn.Linear(feature_dim + 1, hidden)
         self.direction_embedding = nn.Embedding(2, hidden)  # 0: r as stored, 1: inverse r + R
+        # Step-aware relations: the query is re-weighted per rollout state of the edge's source before it
+        # meets the relation, so "r leaves the seed" and "r leaves a node added at step 1" can match
+        # different parts of the question (which relation comes first in "the r2 of the r1 of X").
+        self.num_source_states = MAX_STEPS + 2 if config.step_relations else 1
+        if config.step_relations:
+            self.source_state_scale = nn.Parameter(torch.zeros(self.num_source_states, feature_dim))
         self.layers = nn.ModuleList(
             EdgeModulatedAttention(hidden, config.num_heads, config.dropout) for _ in range(config.num_layers)
         )
@@ -125,17 +133,21 @@ class SeedERPolicy(nn.Module):
         return self.input_proj(torch.cat([text, hop_onehot, filter_score.unsqueeze(-1).to(node_text.dtype)], -1))
 
     def encode_relations(self, relation_features: torch.Tensor, query_features: torch.Tensor) -> torch.Tensor:
-        """[2R, d] relation text embeddings (base, then inverses) and [B, d] queries -> [B * 2R, hidden]
-        edge-type embeddings per query: row ``b * 2R + r`` is relation r as seen by query b."""
+        """[2R, d] relation text embeddings (base, then inverses) and [B, d] queries -> [B, S, 2R, hidden]
+        edge-type embeddings: relation r as seen by query b from a source in rollout state s (S = 1
+        unless ``model.step_relations``; then s is the state index of ``propagate``'s ``node_step``)."""
         num_types = relation_features.shape[0]
         direction = (torch.arange(num_types, device=relation_features.device) >= num_types // 2).long()
         base = self.relation_proj(relation_features) + self.direction_embedding(direction)  # [2R, hidden]
-        product = query_features.unsqueeze(1) * relation_features.unsqueeze(0)  # [B, 2R, d]
+        queries = query_features.unsqueeze(1)  # [B, 1, d]
+        if self.num_source_states > 1:
+            queries = queries * (1.0 + self.source_state_scale)  # [B, S, d]
+        product = queries.unsqueeze(2) * relation_features  # [B, S, 2R, d]
         cosine = nn.functional.cosine_similarity(
-            query_features.unsqueeze(1), relation_features.unsqueeze(0), dim=-1, eps=1e-8
+            queries.unsqueeze(2), relation_features, dim=-1, eps=1e-8
         ).unsqueeze(-1)
-        conditioned = self.relation_query_proj(torch.cat([product, cosine], -1))  # [B, 2R, hidden]
-        return (base.unsqueeze(0) + conditioned).reshape(-1, base.shape[1])
+        conditioned = self.relation_query_proj(torch.cat([product, cosine], -1))  # [B, S, 2R, hidden]
+        return base + conditioned
 
     def encode_queries(self, query_features: torch.Tensor) -> torch.Tensor:
         """[B, d] -> [B, hidden] query context for the heads."""
@@ -150,10 +162,16 @@ class SeedERPolicy(nn.Module):
         relation_emb: torch.Tensor,
     ) -> torch.Tensor:
         """Run the layers on a (batched) graph. node_state [n, hidden], node_step [n] (0 frontier, 1 seed,
-        t + 2 added at step t; a bool "selected" works too) -> [n, hidden]."""
-        x = node_state + self.state_embedding(node_step.long().clamp(0, MAX_STEPS + 1))
+        t + 2 added at step t; a bool "selected" works too), edge_type [E] = query * 2R + relation,
+        relation_emb from ``encode_relations`` -> [n, hidden]."""
+        step = node_step.long().clamp(0, MAX_STEPS + 1)
+        x = node_state + self.state_embedding(step)
+        num_states, num_types = relation_emb.shape[1], relation_emb.shape[2]
+        source_state = step[edge_index[0]] if num_states > 1 else torch.zeros_like(edge_type)
+        typed = ((edge_type // num_types) * num_states + source_state) * num_types + edge_type % num_types
+        rows = relation_emb.reshape(-1, relation_emb.shape[-1])
         for layer in self.layers:
-            x = layer(x, edge_index, edge_type, relation_emb)
+            x = layer(x, edge_index, typed, rows)
         return x
 
     def expansion_logits(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from seeder.config import ConfigError, SeederConfig, to_dict
 from seeder.io import DataError, fingerprint_json, now, read_manifest, write_manifest
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
+from seeder.artifacts import read_seed_table
 
 # dense, entity and dense+entity are seeder.retrieve.seeds'; bm25 and hybrid come from the baselines.
 SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid")
@@ -440,16 +441,8 @@ def _graph_index(dataset: str):
 
 @lru_cache(maxsize=2)
 def _seed_arrays(seeds_file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    table = pq.read_table(seeds_file).sort_by("query_id")
-    col = table.column("seeds").combine_chunks()
-    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
-    width = int(lengths.max(initial=0))
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    seeds = np.full((table.num_rows, width), -1, np.int64)
-    scores = np.full((table.num_rows, width), -np.inf, np.float32)
-    seeds[mask] = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-    scores[mask] = pc.list_flatten(table.column("seed_scores").combine_chunks()).to_numpy(zero_copy_only=False)
-    return table.column("query_id").to_numpy(), seeds, scores
+    """One read per worker process, shared by every block it expands."""
+    return read_seed_table(seeds_file)
 
 
 def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:

@@ -181,7 +181,7 @@ class Rollout:
         self.copy_query = torch.arange(num_queries, device=device).repeat_interleave(copies)
         self.query_ctx = self.query_ctx_per_query[self.copy_query]  # [G, hidden]
         self.num_types = relation_features.shape[0]
-        self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B * 2R, hidden]
+        self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B, S, 2R, hidden]
         self._edges: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,13 @@ def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: in
     }
 
 
-@pytest.fixture(params=["concat", "add"])
+@pytest.fixture(params=[("concat", False), ("add", False), ("concat", True)], ids=["concat", "add", "step-relations"])
 def model(request):
     torch.manual_seed(0)
-    return SeedERPolicy(8, ModelConfig(hidden_dim=16, num_layers=2, num_heads=2, dropout=0.0, query_injection=request.param)).eval()
+    injection, step_relations = request.param
+    config = ModelConfig(hidden_dim=16, num_layers=2, num_heads=2, dropout=0.0, query_injection=injection,
+                         step_relations=step_relations)
+    return SeedERPolicy(8, config).eval()
 
 
 RELATIONS = torch.randn(6, 8, generator=torch.Generator().manual_seed(9))
@@ -75,6 +78,31 @@ def test_edges_change_the_output(model):
     other = dict(g, edge_type=(g["edge_type"] + 1) % 6)
     _, logits_other, _ = model(**other, relation_features=RELATIONS)
     assert not torch.allclose(logits, logits_other)
+
+
+def test_step_relations_condition_edges_on_the_source_state():
+    """With model.step_relations an edge's embedding depends on the rollout state of its source: the
+    same relation, query and target give a different message from a seed than from a node added later."""
+    torch.manual_seed(0)
+    model = SeedERPolicy(8, ModelConfig(hidden_dim=16, num_layers=1, dropout=0.0, step_relations=True)).eval()
+    with torch.no_grad():
+        model.source_state_scale.normal_()
+    queries = torch.randn(3, 8)
+    emb = model.encode_relations(RELATIONS, queries)
+    assert emb.shape == (3, model.num_source_states, 6, 16)
+    assert not torch.allclose(emb[:, 1], emb[:, 2])  # seed vs. added at step 0
+    plain = SeedERPolicy(8, ModelConfig(hidden_dim=16, num_layers=1, dropout=0.0))
+    assert plain.encode_relations(RELATIONS, queries).shape == (3, 1, 6, 16)
+    # Node 0 -> node 1 with relation 2. Only the relation row chosen by the source's state differs between
+    # the two calls when the state embeddings of states 1 and 2 are made equal.
+    with torch.no_grad():
+        model.state_embedding.weight[2] = model.state_embedding.weight[1]
+    state = torch.randn(2, 16)
+    edge_index, edge_type = torch.tensor([[0], [1]]), torch.tensor([2])
+    from_seed = model.propagate(state, torch.tensor([1, 0]), edge_index, edge_type, emb[:1])
+    from_step = model.propagate(state, torch.tensor([2, 0]), edge_index, edge_type, emb[:1])
+    torch.testing.assert_close(from_seed[0], from_step[0])
+    assert not torch.allclose(from_seed[1], from_step[1])
 
 
 def test_bad_config_is_a_clear_error():
