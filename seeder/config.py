@@ -118,8 +118,9 @@ class ModelConfig:
     step_relations: bool = False
     """Condition each edge's relation embedding on the rollout state of its source node (seed, added at
     step t, frontier) as well as on the query, so the model can tell which relation of a compositional
-    question comes first ("the r2 of the r1 of X" against "the r1 of the r2 of X"). Off is the paper's
-    model; it adds (MAX_STEPS + 2) x feature_dim parameters."""
+    question comes first ("the r2 of the r1 of X" against "the r1 of the r2 of X"): a bilinear query-relation
+    match per source state. Off is the paper's model; it adds (MAX_STEPS + 2 + 1) x feature_dim x
+    hidden_dim parameters."""
 
 
 @dataclass

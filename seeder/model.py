@@ -104,12 +104,14 @@ class SeedERPolicy(nn.Module):
         # K-HOP-WITH-FILTERING's score (Section 3), so attention can follow the relations the query names.
         self.relation_query_proj = nn.Linear(feature_dim + 1, hidden)
         self.direction_embedding = nn.Embedding(2, hidden)  # 0: r as stored, 1: inverse r + R
-        # Step-aware relations: the query is re-weighted per rollout state of the edge's source before it
-        # meets the relation, so "r leaves the seed" and "r leaves a node added at step 1" can match
-        # different parts of the question (which relation comes first in "the r2 of the r1 of X").
+        # Step-aware relations: a bilinear match z_q^T A_s^T B z_r per rollout state s of the edge's source,
+        # so "r leaves the seed" and "r leaves a node added at step 1" can match different parts of the
+        # question (which relation comes first in "the r2 of the r1 of X"). A plain z_q * z_r term only
+        # tells whether the question names r, not where.
         self.num_source_states = MAX_STEPS + 2 if config.step_relations else 1
         if config.step_relations:
-            self.source_state_scale = nn.Parameter(torch.zeros(self.num_source_states, feature_dim))
+            self.state_query_maps = nn.Parameter(torch.randn(self.num_source_states, feature_dim, hidden) / feature_dim**0.5)
+            self.relation_match = nn.Linear(feature_dim, hidden, bias=False)
         self.layers = nn.ModuleList(
             EdgeModulatedAttention(hidden, config.num_heads, config.dropout) for _ in range(config.num_layers)
         )
@@ -139,15 +141,16 @@ class SeedERPolicy(nn.Module):
         num_types = relation_features.shape[0]
         direction = (torch.arange(num_types, device=relation_features.device) >= num_types // 2).long()
         base = self.relation_proj(relation_features) + self.direction_embedding(direction)  # [2R, hidden]
-        queries = query_features.unsqueeze(1)  # [B, 1, d]
-        if self.num_source_states > 1:
-            queries = queries * (1.0 + self.source_state_scale)  # [B, S, d]
-        product = queries.unsqueeze(2) * relation_features  # [B, S, 2R, d]
+        product = query_features.unsqueeze(1) * relation_features  # [B, 2R, d]
         cosine = nn.functional.cosine_similarity(
-            queries.unsqueeze(2), relation_features, dim=-1, eps=1e-8
+            query_features.unsqueeze(1), relation_features, dim=-1, eps=1e-8
         ).unsqueeze(-1)
-        conditioned = self.relation_query_proj(torch.cat([product, cosine], -1))  # [B, S, 2R, hidden]
-        return base + conditioned
+        conditioned = self.relation_query_proj(torch.cat([product, cosine], -1)).unsqueeze(1)  # [B, 1, 2R, hidden]
+        if self.num_source_states == 1:
+            return base + conditioned
+        per_state = torch.einsum("bd,sdh->bsh", query_features, self.state_query_maps)  # [B, S, hidden]
+        match = per_state.unsqueeze(2) * self.relation_match(relation_features)  # [B, S, 2R, hidden]
+        return base + conditioned + match
 
     def encode_queries(self, query_features: torch.Tensor) -> torch.Tensor:
         """[B, d] -> [B, hidden] query context for the heads."""

@@ -148,9 +148,10 @@ def build_state(config: SeederConfig, feature_dim: int, steps_per_epoch: int) ->
     model = SeedERPolicy(feature_dim, config.model)
     if config.train.init_from:
         payload = _read(config.train.init_from)
-        if payload["feature_dim"] != feature_dim or payload["config"]["model"] != to_dict(config.model):
+        saved_model = to_dict(from_dict(SeederConfig, payload["config"]).model)  # older files: defaults filled in
+        if payload["feature_dim"] != feature_dim or saved_model != to_dict(config.model):
             raise ConfigError(
-                f"train.init_from={config.train.init_from}: its model ({payload['config']['model']}, feature dim "
+                f"train.init_from={config.train.init_from}: its model ({saved_model}, feature dim "
                 f"{payload['feature_dim']}) differs from this run's ({to_dict(config.model)}, {feature_dim}); "
                 "use the same model.* settings"
             )

@@ -85,8 +85,6 @@ def test_step_relations_condition_edges_on_the_source_state():
     same relation, query and target give a different message from a seed than from a node added later."""
     torch.manual_seed(0)
     model = SeedERPolicy(8, ModelConfig(hidden_dim=16, num_layers=1, dropout=0.0, step_relations=True)).eval()
-    with torch.no_grad():
-        model.source_state_scale.normal_()
     queries = torch.randn(3, 8)
     emb = model.encode_relations(RELATIONS, queries)
     assert emb.shape == (3, model.num_source_states, 6, 16)

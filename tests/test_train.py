@@ -104,6 +104,11 @@ def test_init_from_starts_from_trained_weights_with_a_fresh_schedule(tmp_path):
     for (name, a), b in zip(trained.model.state_dict().items(), state.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert state.epoch == 0 and state.scheduler.last_epoch == 0  # weights only: a fresh run
+    # A checkpoint written before a model option existed still matches (its default is filled in).
+    payload = torch.load(tmp_path / "trained.pt", weights_only=False)
+    del payload["config"]["model"]["step_relations"]
+    torch.save(payload, tmp_path / "older.pt")
+    build_state(load_config(None, [*TOY, f"train.init_from={tmp_path / 'older.pt'}"]), data.feature_dim, 1)
     wider = load_config(None, [*TOY, "model.hidden_dim=64", f"train.init_from={tmp_path / 'trained.pt'}"])
     with pytest.raises(ConfigError, match="same model"):
         build_state(wider, data.feature_dim, 1)
