@@ -270,8 +270,9 @@ class SynthConfig:
     """k: permutation relations (Definition B.1); each adds N edges."""
     max_path_length: int = 2
     """L: queries follow 1..L relations, uniformly."""
-    queries: int = 1_500
-    """Queries generated (start node and relation sequence uniform at random)."""
+    queries: int = 6_000
+    """Queries generated (start node and relation sequence uniform at random). Thousands are needed for
+    the policy to learn which relation of a 2-hop question comes first (see configs/synth_default.yaml)."""
     hubs: int = 4
     """Hub nodes, each with ``hub_degree`` extra ``features`` edges (0 for none)."""
     hub_degree: int = 100
