@@ -51,7 +51,7 @@ from seeder.io import DataError
 from seeder.storage import fetch, is_uri, join
 
 CHECKPOINT_FILE = "checkpoint.pt"
-SCORE_METRIC = "recall_at_20"  # validation Recall@20: what Ray keeps checkpoints by
+SCORE_METRIC = "selection_score"  # validation Recall@20, ties broken by MRR (seeder.train.selection_score)
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of a run's checkpoints
 EXIT_AFTER_EPOCH_ENV = "SEEDER_TRAIN_EXIT_AFTER_EPOCH"  # test hook: rank 0 dies after this epoch's checkpoint
 PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
@@ -263,6 +263,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             start = time.perf_counter()
             _, val = lib.evaluate(state.model, val_data, state.config)
             metrics.update(val)  # hit_at_1, hit_at_5, recall_at_20, mrr, ...: validation
+            metrics[SCORE_METRIC] = lib.selection_score(val)
             metrics["val_seconds"] = time.perf_counter() - start
             state.best_metric = max(state.best_metric, metrics[SCORE_METRIC])
             state.history.append({**{k: v for k, v in metrics.items() if k not in val},
@@ -367,13 +368,15 @@ def finish_run(result, job: TrainingJob, run_id: str | None, log: Callable[[str]
     (job.out / "config.yaml").write_text(yaml.safe_dump(best_payload["config"], sort_keys=False))
     (job.out / "history.json").write_text(json.dumps(history, indent=2))
     plot = tracking.plot_training_curves(history, job.out / "training_curve.png")
-    summary = {"best_epoch": best_payload["epoch"], "best_val_recall_at_20": best_payload["best_metric"],
+    best_row = history[best_payload["epoch"] - 1]
+    summary = {"best_epoch": best_payload["epoch"], "best_val_recall_at_20": best_row["val_recall_at_20"],
+               "best_val_mrr": best_row["val_mrr"],
                "epochs": len(history), "best": str(job.out / "best.pt")}
     if run_id:
         with tempfile.TemporaryDirectory() as model_dir:
             shutil.copyfile(job.out / "best.pt", Path(model_dir) / "best.pt")
             shutil.copyfile(job.out / "config.yaml", Path(model_dir) / "config.yaml")
-            tracking.log_epoch_metrics(run_id, {"best_val_recall_at_20": best_payload["best_metric"],
+            tracking.log_epoch_metrics(run_id, {"best_val_recall_at_20": summary["best_val_recall_at_20"],
                                                 "best_epoch": best_payload["epoch"]}, step=len(history))
             tracking.log_training_outputs(run_id, model_dir, plot)
     return summary
@@ -431,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
               "from the last checkpoint", file=sys.stderr)
         return 1
     summary = finish_run(result, job, run_id)
-    print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}) -> "
+    print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}, "
+          f"mrr {summary['best_val_mrr']:.4f}) -> "
           f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts}")
     if run_id:
         print(f"MLflow run {run_id}; open the UI with: {tracking.ui_hint()}")

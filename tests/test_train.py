@@ -176,3 +176,11 @@ def test_seeder_retrieve_returns_the_answer_of_a_trained_model(tmp_path):
     assert int(top[1]) in question["answers"], done.stdout
     assert names[int(top[1])] in lines[2]
     assert hit1.mean() > 0.5
+
+
+def test_selection_score_is_recall_at_20_with_ties_broken_by_mrr():
+    from seeder.train import selection_score
+
+    saturated_early, saturated_late = {"recall_at_20": 0.99, "mrr": 0.6}, {"recall_at_20": 0.99, "mrr": 0.8}
+    assert selection_score(saturated_late) > selection_score(saturated_early)
+    assert selection_score({"recall_at_20": 0.80, "mrr": 0.1}) > selection_score({"recall_at_20": 0.79, "mrr": 1.0})
