@@ -19,6 +19,7 @@ step "2/5 preprocess on Ray Data: MiniLM embeddings, PCA, seeds, bounded K-hop s
 python pipelines/preprocess.py --dataset "$OUT/dataset" --out "$OUT/artifacts" --config "$CONFIG"
 
 step "3/5 train the SeedER policy on Ray Train (REINFORCE + BPR), logged to MLflow"
+rm -rf "$OUT/model"  # a new run each time (the data may have changed); earlier runs stay in MLflow
 python pipelines/train.py --artifacts "$OUT/artifacts" --config "$CONFIG" --out "$OUT/model" --experiment demo
 
 step "4/5 evaluate on the test split: Dense, K-HOP-W-FILTER and SeedER side by side"
