@@ -310,20 +310,24 @@ class KnowledgeGraph:
     def edge_relations(self) -> np.ndarray:
         return np.load(self.path / "adjacency" / "relations.npy", mmap_mode="r")
 
-    def query_attributes(self, query_ids: np.ndarray) -> dict[str, np.ndarray]:
-        """Each query attribute column (manifest ``query_attributes``, e.g. ``hop``), one value per id."""
+    def query_rows(self, query_ids: np.ndarray) -> np.ndarray:
+        """Row of each query id in queries.parquet (ids need not be sorted there); unknown ids are an error."""
         query_ids = np.asarray(query_ids, dtype=np.int64)
-        names = [c for c in self.manifest.get("query_attributes", []) if c in self.queries.column_names]
-        if not names or len(query_ids) == 0:
-            return {}
-        table = self.queries.select(["id", *names])
-        ids = table.column("id").to_numpy()
+        ids = self.queries.column("id").to_numpy()
         order = np.argsort(ids)
         rows = order[np.minimum(np.searchsorted(ids[order], query_ids), len(ids) - 1)]
         missing = ids[rows] != query_ids
         if missing.any():
             raise DataError(f"{self.path}: query ids {query_ids[missing][:5].tolist()} are not in queries.parquet")
-        return {name: np.asarray(table.column(name).to_numpy(zero_copy_only=False))[rows] for name in names}
+        return rows
+
+    def query_attributes(self, query_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Each query attribute column (manifest ``query_attributes``, e.g. ``hop``), one value per id."""
+        names = [c for c in self.manifest.get("query_attributes", []) if c in self.queries.column_names]
+        if not names or len(query_ids) == 0:
+            return {}
+        rows = self.query_rows(query_ids)
+        return {name: np.asarray(self.queries.column(name).to_numpy(zero_copy_only=False))[rows] for name in names}
 
     def degree(self) -> np.ndarray:
         """Degree over both directions."""

@@ -201,8 +201,11 @@ class EntityLinker:
         self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))
         self.max_tokens = int(tokens[usable].max()) if usable.any() else 0
         self.query_counts: dict[str, int] = {}
+        # The graph's own questions are scanned here once; linking them later (preprocessing) reuses it.
+        self._known_mentions: dict[str, list[tuple[int, int, str]]] = {}
         for text in normalise_texts(kg.table("queries", ["text"]).column("text")).to_pylist():
-            for name in {m[2] for m in self._mentions(text.split())}:
+            mentions = self._known_mentions[text] = self._mentions(text.split())
+            for name in {m[2] for m in mentions}:
                 self.query_counts[name] = self.query_counts.get(name, 0) + 1
 
     def _mentions(self, words: list[str]) -> list[tuple[int, int, str]]:
@@ -223,7 +226,9 @@ class EntityLinker:
             words = text.split()
             used = np.zeros(len(words), dtype=bool)
             found: list[int] = []
-            mentions = sorted(self._mentions(words), key=lambda m: (self.query_counts.get(m[2], 0), -m[1], m[0]))
+            known = self._known_mentions.get(text)
+            mentions = self._mentions(words) if known is None else known
+            mentions = sorted(mentions, key=lambda m: (self.query_counts.get(m[2], 0), -m[1], m[0]))
             for start, n, name in mentions:
                 if len(found) >= self.max_entities:
                     break

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from seeder.config import SeederConfig
-from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.baselines.common import BaselineInputs
 from seeder.retrieve.registry import register
@@ -26,15 +25,9 @@ class BaselineRetriever:
     cache: dict = field(default_factory=dict)
 
     def _query_texts(self, query_ids: np.ndarray) -> list[str]:
-        queries = self.artifacts.dataset.queries
-        ids = queries.column("id").to_numpy()
-        order = np.argsort(ids)
-        pos = order[np.minimum(np.searchsorted(ids[order], query_ids), len(ids) - 1)]
-        missing = ids[pos] != query_ids
-        if missing.any():
-            raise DataError(f"{self.artifacts.path}: query ids not in the dataset, first: {query_ids[missing][:5].tolist()}")
-        texts = queries.column("text").to_pylist()
-        return [texts[i] for i in pos]
+        dataset = self.artifacts.dataset
+        texts = dataset.queries.column("text").to_pylist()
+        return [texts[i] for i in dataset.query_rows(query_ids)]
 
     def retrieve(self, subgraphs, query_features: np.ndarray) -> RetrievalResult:
         from seeder.retrieve.baselines import METHODS, NEEDS_TEXT

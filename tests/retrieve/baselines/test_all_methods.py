@@ -9,6 +9,7 @@ import pytest
 
 from seeder.config import BaselinesConfig, ConfigError, SeederConfig
 from seeder.retrieve.baselines import METHODS, run_baseline
+from seeder.store import KnowledgeGraph
 
 from .helpers import random_inputs
 
@@ -71,6 +72,9 @@ def test_registry_builds_every_baseline(inputs):
             def column(name):
                 data = {"id": np.asarray(inputs.query_ids), "text": inputs.query_texts}[name]
                 return SimpleNamespace(to_numpy=lambda: data, to_pylist=lambda: list(data))
+
+        path = "fake"
+        query_rows = KnowledgeGraph.query_rows  # the real id -> row lookup, over the fake table
 
     artifacts = SimpleNamespace(
         path="fake", dataset=FakeDataset(), node_features=inputs.node_features, relation_features=inputs.relation_features
