@@ -129,6 +129,11 @@ def prepare_job(
     opened = open_artifacts(local)
     config = resolve_config(opened.config, config_path, overrides)
     _check(config)
+    if config.train.init_from and not is_uri(config.train.init_from):
+        start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory
+        if not start.is_file():
+            raise DataError(f"train.init_from={config.train.init_from}: no such checkpoint file; pass a best.pt or last.pt")
+        config.train.init_from = str(start)
     train = TrainingData.from_artifacts(opened, "train")
     val = TrainingData.from_artifacts(opened, "val")
     trainable = len(trainable_queries(train, config))

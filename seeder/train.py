@@ -483,19 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         artifacts = open_artifacts(args.artifacts)
         base = to_dict(artifacts.config)
-        if args.config:
-            config = load_config(args.config, args.overrides)
-            # Preprocessing keys come from the artifacts: the model must see what the subgraphs were built with.
-            merged = to_dict(config)
-            for section in ("embed", "reduce", "seed", "expand"):
-                merged[section] = base[section]
-            config = from_dict(SeederConfig, merged)
-        else:
-            config = load_config(None, args.overrides)
-            merged = to_dict(config)
-            for section in ("embed", "reduce", "seed", "expand"):
-                merged[section] = base[section]
-            config = from_dict(SeederConfig, merged)
+        merged = to_dict(load_config(args.config, args.overrides))
+        # Preprocessing keys come from the artifacts: the model must see what the subgraphs were built with.
+        for section in ("embed", "reduce", "seed", "expand"):
+            merged[section] = base[section]
+        config = from_dict(SeederConfig, merged)
         train_data = TrainingData.from_artifacts(artifacts, "train")
         val_data = TrainingData.from_artifacts(artifacts, "val")
         state = fit(config, train_data, val_data, args.out, resume=not args.no_resume)

@@ -222,6 +222,20 @@ def test_more_workers_than_queries_is_refused(pipeline, artifacts, tmp_path, cap
     assert not ray_started()
 
 
+def test_relative_init_from_reaches_workers_as_an_absolute_path(pipeline, artifacts, tmp_path, monkeypatch, capsys):
+    # Ray Train workers run in their own directories: a path relative to the driver's must be resolved.
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "best.pt").write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
+    job = pipeline.prepare_job(str(artifacts), None, [*TINY, "train.init_from=older/best.pt"], str(tmp_path / "run"), 2)
+    assert job.config.train.init_from == str(tmp_path / "older" / "best.pt")
+    assert pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), *TINY,
+                          "train.init_from=older/missing.pt"]) == 2
+    err = capsys.readouterr().err
+    assert "older/missing.pt" in err and "checkpoint" in err
+    assert not ray_started() and not (tmp_path / "run").exists()
+
+
 def test_epoch_shards_are_disjoint_equal_and_reseeded_per_epoch(pipeline):
     epoch_shard = pipeline.epoch_shard
     pool = np.arange(100, 203)
