@@ -182,6 +182,13 @@ class EvalConfig:
     """Cut-offs of Hit@k and Recall@k."""
     ranking_length: int = 100
     """Length of every full ranking a retriever returns."""
+    expansion_sizes: list[int] = field(default_factory=list)
+    """c_t when a trained model retrieves (Algorithm 1); empty uses the model's own
+    ``train.expansion_sizes``. A larger inference budget than the training one trades set size for
+    recall, as in the paper's budget curves."""
+    frontier_caps: list[int] = field(default_factory=list)
+    """Frontier caps when a trained model retrieves; empty uses the model's own ``train.frontier_caps``.
+    Must have as many steps as the expansion sizes in use."""
 
 
 @dataclass

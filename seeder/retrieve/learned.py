@@ -11,12 +11,13 @@ the expansion step at which each was reached.
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from seeder.config import SeederConfig
+from seeder.config import ConfigError, SeederConfig
 from seeder.io import DataError
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
@@ -67,6 +68,7 @@ def load_retriever(artifacts, config: SeederConfig, model: str | None) -> Learne
             f"model {model} was trained on {policy.feature_dim}-dim features but {artifacts.path} has {dim}; "
             "use artifacts built with the same embed/reduce settings"
         )
+    model_config = inference_schedule(model_config, config.eval.expansion_sizes, config.eval.frontier_caps)
     return LearnedRetriever(
         model=policy,
         model_config=model_config,
@@ -74,6 +76,24 @@ def load_retriever(artifacts, config: SeederConfig, model: str | None) -> Learne
         relation_features=np.asarray(artifacts.relation_features, np.float32),
         ranking_length=max(config.eval.ranking_length, int(config.seed.k0 + sum(model_config.train.expansion_sizes))),
     )
+
+
+def inference_schedule(model_config: SeederConfig, sizes: list[int], caps: list[int]) -> SeederConfig:
+    """The model's config with the expansion schedule of ``eval.expansion_sizes`` / ``eval.frontier_caps``
+    (either empty: the model's training value). The weights do not depend on T or c_t, so a model
+    trained with one budget can retrieve with another (Algorithm 1 takes c_t as an input)."""
+    sizes = list(sizes) or list(model_config.train.expansion_sizes)
+    caps = list(caps) or list(model_config.train.frontier_caps)
+    if len(sizes) != len(caps):
+        raise ConfigError(
+            f"eval.expansion_sizes {sizes} has {len(sizes)} steps but the frontier caps {caps} have {len(caps)}; "
+            "set eval.frontier_caps to one cap per step too"
+        )
+    if any(int(c) < 1 for c in [*sizes, *caps]):
+        raise ConfigError(f"eval.expansion_sizes {sizes} and eval.frontier_caps {caps} must be positive")
+    out = copy.deepcopy(model_config)
+    out.train.expansion_sizes, out.train.frontier_caps = [int(c) for c in sizes], [int(c) for c in caps]
+    return out
 
 
 @registry.register("seeder")
