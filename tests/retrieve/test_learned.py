@@ -1,6 +1,7 @@
 """seeder/retrieve/learned.py: the trained retriever and its inference-time expansion schedule."""
 
 from types import SimpleNamespace
+
 import pytest
 
 from seeder.config import ConfigError, load_config
