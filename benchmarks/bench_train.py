@@ -22,7 +22,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from seeder.config import from_dict, load_config, to_dict, SeederConfig  # noqa: E402
+from seeder.config import load_config, training_config, SeederConfig  # noqa: E402
 from seeder.losses import bpr_loss, reinforce_loss  # noqa: E402
 from seeder.rollout import Rollout, recall_of_sets  # noqa: E402
 from seeder.train import TrainingData, build_state, steps_per_epoch, toy_task, train_step, trainable_queries  # noqa: E402
@@ -33,11 +33,8 @@ def load(args) -> tuple[TrainingData, SeederConfig, str]:
         from seeder.artifacts import open_artifacts
 
         artifacts = open_artifacts(args.artifacts)
-        config = load_config(args.config, args.overrides)
-        merged = to_dict(config)
-        for section in ("embed", "reduce", "seed", "expand"):
-            merged[section] = to_dict(artifacts.config)[section]
-        return TrainingData.from_artifacts(artifacts, "train"), from_dict(SeederConfig, merged), str(args.artifacts)
+        config = training_config(artifacts.config, args.config, args.overrides)
+        return TrainingData.from_artifacts(artifacts, "train"), config, str(args.artifacts)
     data = toy_task(512, args.nodes, 256, num_relations=9, seed=0)
     return data, load_config(args.config, args.overrides), f"synthetic ({args.nodes} nodes per query)"
 

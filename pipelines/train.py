@@ -46,7 +46,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
 from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import tracking
-from seeder.config import ConfigError, SeederConfig, flatten, from_dict, load_config, to_dict
+from seeder.config import ConfigError, SeederConfig, flatten, from_dict, to_dict, training_config
 from seeder.io import DataError
 from seeder.storage import fetch, is_uri, join
 
@@ -54,7 +54,6 @@ CHECKPOINT_FILE = "checkpoint.pt"
 SCORE_METRIC = "selection_score"  # validation Recall@20, ties broken by MRR (seeder.train.selection_score)
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of a run's checkpoints
 EXIT_AFTER_EPOCH_ENV = "SEEDER_TRAIN_EXIT_AFTER_EPOCH"  # test hook: rank 0 dies after this epoch's checkpoint
-PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
 # Library epoch keys -> the names logged and reported (the validation ones get a ``val_`` prefix in MLflow).
 METRIC_NAMES = {"loss": "loss", "loss_reinforce": "rl_loss", "loss_bpr": "bpr_loss", "reward": "mean_reward",
                 "grad_norm": "grad_norm"}
@@ -72,16 +71,6 @@ class TrainingJob:
     name: str
     trainable: int  # trainable training queries
     val_queries: int
-
-
-def resolve_config(artifacts_config: SeederConfig, config_path: str | None, overrides: list[str]) -> SeederConfig:
-    """Model/train/eval settings from ``config_path`` + overrides; the preprocessing sections always
-    come from the artifacts, since the subgraphs and features were built with them."""
-    merged = to_dict(load_config(config_path, overrides))
-    base = to_dict(artifacts_config)
-    for section in PREPROCESSING_SECTIONS:
-        merged[section] = base[section]
-    return from_dict(SeederConfig, merged)
 
 
 def epoch_shard(pool: np.ndarray, seed: int, epoch: int, rank: int, world: int, queries_per_epoch: int = 0) -> np.ndarray:
@@ -127,7 +116,7 @@ def prepare_job(
     if not Path(local).is_dir():
         raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
     opened = open_artifacts(local)
-    config = resolve_config(opened.config, config_path, overrides)
+    config = training_config(opened.config, config_path, overrides)
     _check(config)
     if config.train.init_from and not is_uri(config.train.init_from):
         start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory

@@ -410,6 +410,20 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
+"""Sections fixed by preprocessing: a run on existing artifacts always takes them from the artifacts."""
+
+
+def training_config(artifacts_config: "SeederConfig", config_path: str | Path | None, overrides: list[str] | None) -> "SeederConfig":
+    """Model/train/eval settings from ``config_path`` + ``overrides``; the preprocessing sections always
+    come from the artifacts' own config, since the subgraphs and features were built with them."""
+    merged = to_dict(load_config(config_path, overrides))
+    base = to_dict(artifacts_config)
+    for section in PREPROCESSING_SECTIONS:
+        merged[section] = base[section]
+    return from_dict(SeederConfig, merged)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SeederConfig:
     """Defaults, then the YAML file at ``path`` (if any), then dotted ``overrides``."""
     data: dict[str, Any] = {}

@@ -32,13 +32,12 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from seeder.config import ConfigError, SeederConfig, flatten, from_dict, to_dict
+from seeder.config import PREPROCESSING_SECTIONS, ConfigError, SeederConfig, flatten, from_dict, to_dict
 
 METRIC = "val_recall_at_20"
 """The objective of every sweep: validation Recall@20 after each epoch (ASHA's and Optuna's metric)."""
 MODE = "max"
 
-PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
 MODEL_ARTIFACT = "model"  # same directory name as seeder.tracking.MODEL_ARTIFACT
 CHECKPOINT_FILE = "checkpoint.pt"  # inside the model artifact, next to config.yaml
 KINDS = ("choice", "uniform", "loguniform", "int")

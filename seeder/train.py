@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from seeder.config import ConfigError, SeederConfig, from_dict, load_config, to_dict
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
 from seeder.io import DataError
 from seeder.losses import advantages, bpr_loss, reinforce_loss
 from seeder.model import SeedERPolicy
@@ -482,12 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         artifacts = open_artifacts(args.artifacts)
-        base = to_dict(artifacts.config)
-        merged = to_dict(load_config(args.config, args.overrides))
-        # Preprocessing keys come from the artifacts: the model must see what the subgraphs were built with.
-        for section in ("embed", "reduce", "seed", "expand"):
-            merged[section] = base[section]
-        config = from_dict(SeederConfig, merged)
+        config = training_config(artifacts.config, args.config, args.overrides)
         train_data = TrainingData.from_artifacts(artifacts, "train")
         val_data = TrainingData.from_artifacts(artifacts, "val")
         state = fit(config, train_data, val_data, args.out, resume=not args.no_resume)

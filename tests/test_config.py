@@ -105,3 +105,15 @@ def test_repo_configs_load():
         data = yaml.safe_load(path.read_text())
         if isinstance(data, dict) and sections & set(data):
             load_config(path)
+
+
+def test_training_config_keeps_the_artifacts_preprocessing_sections(tmp_path):
+    from seeder.config import PREPROCESSING_SECTIONS, training_config
+
+    built_with = load_config(None, ["expand.budget=150", "seed.k0=2", "reduce.dim=64"])
+    path = tmp_path / "run.yaml"
+    path.write_text("expand:\n  budget: 300\ntrain:\n  lr: 0.0005\n")
+    config = training_config(built_with, path, ["model.hidden_dim=48", "seed.k0=5"])
+    for section in PREPROCESSING_SECTIONS:
+        assert getattr(config, section) == getattr(built_with, section)
+    assert (config.train.lr, config.model.hidden_dim) == (5e-4, 48)

@@ -33,7 +33,7 @@ os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
 from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import sweep as sw  # noqa: E402
-from seeder.config import ConfigError, SeederConfig, from_dict, load_config, to_dict  # noqa: E402
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config  # noqa: E402
 from seeder.io import DataError  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +42,7 @@ STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the s
 
 def build_config(artifacts, config_path: str | None, overrides: list[str]) -> SeederConfig:
     """The user's model/train/eval config on top of the artifacts' own preprocessing sections."""
-    config = load_config(config_path, overrides)
-    merged = to_dict(config)
-    base = to_dict(artifacts.config)
-    for section in sw.PREPROCESSING_SECTIONS:
-        merged[section] = base[section]
-    return from_dict(SeederConfig, merged)
+    return training_config(artifacts.config, config_path, overrides)
 
 
 def ray_space(space: dict[str, sw.Dimension]) -> dict:
