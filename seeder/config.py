@@ -188,7 +188,7 @@ class EvalConfig:
     recall, as in the paper's budget curves."""
     frontier_caps: list[int] = field(default_factory=list)
     """Frontier caps when a trained model retrieves; empty uses the model's own ``train.frontier_caps``.
-    Must have as many steps as the expansion sizes in use."""
+    Must have as many steps as the expansion sizes in use, each at least its step's size."""
 
 
 @dataclass

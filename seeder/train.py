@@ -120,15 +120,22 @@ class TrainState:
     sample_generator: torch.Generator = field(default_factory=torch.Generator)
 
 
+def check_schedule(sizes: list[int], caps: list[int], section: str) -> None:
+    """An expansion schedule (``section``.expansion_sizes / .frontier_caps): one positive c_t per step,
+    each at most its step's frontier cap."""
+    if len(sizes) != len(caps):
+        raise ConfigError(
+            f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must have one entry per expansion step"
+        )
+    if any(int(c) < 1 for c in [*sizes, *caps]):
+        raise ConfigError(f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must be positive")
+    if any(c > cap for c, cap in zip(sizes, caps)):
+        raise ConfigError(f"each {section}.expansion_sizes[t] must be <= {section}.frontier_caps[t]")
+
+
 def _check(config: SeederConfig) -> None:
     train = config.train
-    if len(train.expansion_sizes) != len(train.frontier_caps):
-        raise ConfigError(
-            f"train.expansion_sizes {train.expansion_sizes} and train.frontier_caps {train.frontier_caps} "
-            "must have one entry per expansion step"
-        )
-    if any(c > cap for c, cap in zip(train.expansion_sizes, train.frontier_caps)):
-        raise ConfigError("each train.expansion_sizes[t] must be <= train.frontier_caps[t]")
+    check_schedule(train.expansion_sizes, train.frontier_caps, "train")
     if train.mode not in ("seeder", "rerank"):
         raise ConfigError(f"train.mode={train.mode!r}: use 'seeder' or 'rerank'")
     if train.num_trajectories < 1 or train.temperature <= 0:

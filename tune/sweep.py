@@ -40,11 +40,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
 
 
-def build_config(artifacts, config_path: str | None, overrides: list[str]) -> SeederConfig:
-    """The user's model/train/eval config on top of the artifacts' own preprocessing sections."""
-    return training_config(artifacts.config, config_path, overrides)
-
-
 def ray_space(space: dict[str, sw.Dimension]) -> dict:
     from ray import tune
 
@@ -260,7 +255,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         overrides.append(f"train.queries_per_epoch={args.queries_per_epoch}")
     if args.val_queries is not None:
         overrides.append(f"train.val_queries={args.val_queries}")
-    config = build_config(artifacts, args.config, overrides)
+    config = training_config(artifacts.config, args.config, overrides)
     space = sw.load_space(args.space)
     name = args.name or f"sweep-{dataset_name}"
     model_name = args.model_name or f"seeder-{dataset_name}"

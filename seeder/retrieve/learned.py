@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seeder.config import ConfigError, SeederConfig
+from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
@@ -82,15 +82,11 @@ def inference_schedule(model_config: SeederConfig, sizes: list[int], caps: list[
     """The model's config with the expansion schedule of ``eval.expansion_sizes`` / ``eval.frontier_caps``
     (either empty: the model's training value). The weights do not depend on T or c_t, so a model
     trained with one budget can retrieve with another (Algorithm 1 takes c_t as an input)."""
+    from seeder.train import check_schedule
+
     sizes = list(sizes) or list(model_config.train.expansion_sizes)
     caps = list(caps) or list(model_config.train.frontier_caps)
-    if len(sizes) != len(caps):
-        raise ConfigError(
-            f"eval.expansion_sizes {sizes} has {len(sizes)} steps but the frontier caps {caps} have {len(caps)}; "
-            "set eval.frontier_caps to one cap per step too"
-        )
-    if any(int(c) < 1 for c in [*sizes, *caps]):
-        raise ConfigError(f"eval.expansion_sizes {sizes} and eval.frontier_caps {caps} must be positive")
+    check_schedule(sizes, caps, "eval")
     out = copy.deepcopy(model_config)
     out.train.expansion_sizes, out.train.frontier_caps = [int(c) for c in sizes], [int(c) for c in caps]
     return out
