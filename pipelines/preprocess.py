@@ -120,6 +120,31 @@ def run_subgraphs(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederCon
     return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
 
 
+def run_paths(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path) -> dict:
+    """Golden relation paths of the training questions, a block of queries per Ray task."""
+    query_ids = pp.train_query_ids(kg)
+    blocks = pp.query_blocks(query_ids, args.query_block)
+    work = stage.open({"query_block": args.query_block})
+    todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
+    if len(todo) < len(blocks):
+        print(f"paths: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
+    rows = 0
+    if todo:
+        search = ray.remote(num_cpus=1)(pp.paths_block)
+        config_dict = to_dict(config)
+        futures = [search.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo]
+        done = 0
+        while futures:
+            ready, futures = ray.wait(futures, num_returns=1)
+            result = ray.get(ready[0])
+            done += 1
+            rows += result["paths"]
+            print(f"paths: block {result['block']} ({result['queries']} queries, {result['paths']:,} paths, "
+                  f"{result['seconds']:.1f} s), {done}/{len(todo)} done", flush=True)
+            pp.maybe_stop_for_test("paths", done)
+    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, help="dataset directory (from `seeder import` or `seeder synth`)")
@@ -196,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
         stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
                   f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
+        if "paths" in fps:
+            train_count = len(pp.train_query_ids(kg))
+            stage_run("paths", lambda s: run_paths(need_ray(), s, kg, config, args, out), train_count, "queries",
+                      f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
+            stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
+                      "relation-path prior fitted")
+            for line in pp.path_summary(out, kg):
+                print(line)
         stage_run("subgraphs", lambda s: run_subgraphs(need_ray(), s, kg, config, args, out), counts["queries"],
                   "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
     except (ConfigError, DataError) as exc:

@@ -67,7 +67,11 @@ class SeedConfig:
     strategy: str = "dense"
     """``dense`` (cosine), ``entity`` (node names found in the query text), ``dense+entity``
     (entity-linked nodes first, then dense seeds up to k0), ``bm25`` (BM25 over node text, dense seeds
-    filling queries without a term match) or ``hybrid`` (BM25 and dense fused by reciprocal rank)."""
+    filling queries without a term match), ``hybrid`` (BM25 and dense fused by reciprocal rank) or
+    ``given`` (the node named by the query attribute ``seed.given_attribute``, e.g. MetaQA's bracketed
+    topic entity; dense seeds fill queries without one)."""
+    given_attribute: str = "topic_id"
+    """The query attribute (a node id column of queries.parquet) that ``strategy: given`` seeds from."""
     entity_min_chars: int = 3
     """Shortest node name that entity linking matches (avoids matching ``a``, ``II``...)."""
     entity_max: int = 3
@@ -101,6 +105,48 @@ class ExpandConfig:
     multi-hop question's relation chain outranks hub neighbourhoods)."""
     batch_queries: int = 256
     """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
+    relation_score: str = "cosine"
+    """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
+    probability mass of the candidate's relation path from the seed (the parent's path plus this edge's
+    relation), plus the mass of paths that end there (see ``prior`` and seeder.retrieve.prior)."""
+
+
+@dataclass
+class PriorConfig:
+    """Golden relation paths of the training questions and the relation-path prior learnt from them
+    (used by ``expand.relation_score: learned``)."""
+
+    neighbor_cap: int = 64
+    """Golden-path search: at most this many neighbours of one node are followed (a fixed-stride
+    sample beyond that), so a hub costs no more than the cap."""
+    path_cap: int = 256
+    """Golden-path search: at most this many end nodes are kept per query and relation path (the
+    smallest ids), which bounds the frontier; hit and reach counts are taken on these."""
+    batch_queries: int = 64
+    """Golden-path search: queries searched together in one vectorised pass."""
+    keep_ratio: float = 0.5
+    """A relation path is a training target of its question when its F1 against the answers is at
+    least this share of the question's best path's F1 (target weight proportional to F1)."""
+    min_count: int = 2
+    """Relation paths that are a target of fewer training questions are left out of the prior's vocabulary."""
+    max_paths: int = 4096
+    """The prior's vocabulary: at most this many relation paths, the most frequent targets first."""
+    hidden_dim: int = 256
+    """Hidden width of the prior's two-layer MLP (query features -> relation paths)."""
+    epochs: int = 60
+    """Most training epochs of the prior (it stops earlier when the held-out loss stops improving)."""
+    patience: int = 5
+    """Epochs without a better held-out loss before the prior's training stops."""
+    lr: float = 2e-3
+    """Adam learning rate of the prior."""
+    weight_decay: float = 1e-4
+    """Adam weight decay of the prior."""
+    batch_size: int = 256
+    """Training questions per step of the prior."""
+    holdout_fraction: float = 0.1
+    """Share of the training questions held out (by a hash of the query id) for early stopping."""
+    seed: int = 0
+    """Seed of the prior's initialisation and batch order."""
 
 
 @dataclass
@@ -308,6 +354,8 @@ class SeederConfig:
     """Seeding of each query."""
     expand: ExpandConfig = field(default_factory=ExpandConfig)
     """K-HOP-WITH-FILTERING: the bounded per-query subgraph."""
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    """Golden relation paths and the learnt relation-path prior (``expand.relation_score: learned``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The query-conditioned sparse graph transformer."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -410,7 +458,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand")
+PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand", "prior")
 """Sections fixed by preprocessing: a run on existing artifacts always takes them from the artifacts."""
 
 

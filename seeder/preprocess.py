@@ -8,7 +8,9 @@ fingerprint, so a changed input or config section reruns that stage and everythi
     embed      dataset content + embed section (encoder identity, not its batch size or actor count)
     features   embed fingerprint + reduce section
     seeds      features fingerprint + seed section (not its block sizes)
-    subgraphs  seeds and features fingerprints + expand section
+    paths      seeds fingerprint + expand.hops + prior search caps   (only with expand.relation_score: learned)
+    prior      paths fingerprint + prior fit settings                 (only with expand.relation_score: learned)
+    subgraphs  seeds and features fingerprints + expand section (+ prior fingerprint when learned)
 
 Resumability: a stage works inside ``ARTIFACTS/.STAGE.partial/``, keyed by its fingerprint and shard
 layout. Shards have deterministic names per block and are written to a temporary file that is
@@ -41,8 +43,9 @@ from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 from seeder.artifacts import read_seed_table
 
-# dense, entity and dense+entity are seeder.retrieve.seeds'; bm25 and hybrid come from the baselines.
-SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid")
+# dense, entity and dense+entity are seeder.retrieve.seeds'; bm25 and hybrid come from the baselines;
+# given reads a query attribute.
+SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
 
 STAGE_VERSION = 1
 KINDS = ("node", "relation", "query")
@@ -66,6 +69,15 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
     fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)})
     fps["seeds"] = fingerprint_json({"stage": "seeds", "v": STAGE_VERSION, "features": fps["features"], "seed": seed})
     expand = {k: v for k, v in to_dict(config.expand).items() if k != "batch_queries"}
+    if config.expand.relation_score == "learned":
+        # Golden paths read the training answers; the prior and the subgraphs follow from them.
+        prior = to_dict(config.prior)
+        search = {k: prior[k] for k in ("neighbor_cap", "path_cap")}
+        fps["paths"] = fingerprint_json({"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"],
+                                         "hops": config.expand.hops, "search": search})
+        fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries")}
+        fps["prior"] = fingerprint_json({"stage": "prior", "v": STAGE_VERSION, "paths": fps["paths"], "fit": fit})
+        expand["prior"] = fps["prior"]
     fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": STAGE_VERSION, "seeds": fps["seeds"], "expand": expand})
     return fps
 
@@ -395,6 +407,9 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
         combine = "dense+entity"
     elif cfg.strategy in ("entity", "dense+entity"):
         linked = EntityLinker(kg, cfg).link(texts)
+    elif cfg.strategy == "given":
+        linked = given_seeds(kg, query_ids, cfg.given_attribute)
+        combine = "dense+entity"  # the given node first; dense seeds fill queries without one
     seeds, scores = select_seeds(
         dataclasses.replace(cfg, strategy=combine), dense_ids, dense_scores, linked, query_features, node_features
     )
@@ -412,6 +427,112 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     )
     pq.write_table(table, out / "seeds.parquet")
     return {"queries": int(len(query_ids)), "k0": cfg.k0, "strategy": cfg.strategy, "empty": int((lengths == 0).sum())}
+
+
+def given_seeds(kg: KnowledgeGraph, query_ids: np.ndarray, attribute: str) -> list[np.ndarray]:
+    """``seed.strategy: given``: the node id each query names in ``attribute`` (null: none)."""
+    if attribute not in kg.queries.column_names:
+        raise ConfigError(
+            f"seed.strategy=given reads the query attribute {attribute!r}, which {kg.path}/queries.parquet "
+            f"lacks (columns: {', '.join(kg.queries.column_names)}); set seed.given_attribute or another strategy"
+        )
+    rows = kg.query_rows(query_ids)
+    column = kg.queries.column(attribute).combine_chunks().take(pa.array(rows))
+    if not pa.types.is_integer(column.type):
+        raise ConfigError(f"seed.given_attribute={attribute!r} has type {column.type}; it must hold node ids (integers)")
+    ids = column.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+    ids = np.where(valid, np.nan_to_num(ids.astype(np.float64), nan=-1), -1).astype(np.int64)
+    bad = valid & ((ids < 0) | (ids >= kg.num_nodes))
+    if bad.any():
+        raise DataError(f"{kg.path}: query {int(query_ids[np.flatnonzero(bad)[0]])} names node "
+                        f"{int(ids[np.flatnonzero(bad)[0]])} in {attribute!r}, which is not a node of the graph")
+    return [np.array([i], np.int64) if i >= 0 else np.zeros(0, np.int64) for i in ids.tolist()]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Golden paths and prior stages (expand.relation_score: learned)
+
+
+def train_query_ids(kg: KnowledgeGraph) -> np.ndarray:
+    """Ids of the training questions, ascending: the only questions whose answers these stages read."""
+    return np.sort(kg.queries_of("train").column("id").to_numpy())
+
+
+def paths_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:
+    """Golden relation paths of one block of training questions, written as one shard (atomically)."""
+    from seeder.config import SeederConfig, from_dict
+    from seeder.retrieve.paths import GOLDEN_SCHEMA, golden_paths_batched
+
+    start = time.perf_counter()
+    cfg = from_dict(SeederConfig, config)
+    kg = open_dataset(dataset)
+    seed_qids, seeds, _ = _seed_arrays(str(Path(artifacts) / "seeds" / "seeds.parquet"))
+    seeds = seeds[np.searchsorted(seed_qids, query_ids)]
+    queries = _query_table(dataset)
+    picked = queries.take(pa.array(np.searchsorted(queries.column("id").to_numpy(), query_ids)))
+    if set(picked.column("split").to_pylist()) - {"train"}:
+        raise ValueError("golden paths read training answers only")
+    answers_col = picked.column("answers").combine_chunks()
+    counts = pc.list_value_length(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    answer_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    answers = pc.list_flatten(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    found = golden_paths_batched(kg, seeds, answer_ptr, answers, cfg.expand.hops, cfg.prior)
+    table = pa.table(
+        {
+            "query_id": pa.array(query_ids[found["query"]], pa.int64()),
+            "length": pa.array(found["length"], pa.int8()),
+            "code": pa.array(found["code"], pa.int64()),
+            "hits": pa.array(found["hits"], pa.int32()),
+            "reached": pa.array(found["reached"], pa.int32()),
+            "answers": pa.array(counts[found["query"]].astype(np.int32), pa.int32()),
+        }
+    )
+    write_table_atomic(table.cast(GOLDEN_SCHEMA), subgraph_shard_path(Path(out_dir), block))
+    return {"block": block, "queries": len(query_ids), "paths": table.num_rows, "seconds": time.perf_counter() - start}
+
+
+def read_golden_paths(directory: Path) -> pa.Table:
+    from seeder.retrieve.paths import GOLDEN_SCHEMA
+
+    files = sorted(Path(directory).glob("part-*.parquet"))
+    if not files:
+        return GOLDEN_SCHEMA.empty_table()
+    return pq.read_table(files).cast(GOLDEN_SCHEMA).sort_by([("query_id", "ascending"), ("code", "ascending")])
+
+
+def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
+    """Fit the relation-path prior on the golden paths (training questions only) and save it."""
+    from seeder.retrieve.prior import path_targets, train_prior
+
+    golden = read_golden_paths(artifacts / "paths")
+    query_ids = np.load(artifacts / "features" / "query_ids.npy")
+    query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")
+    qid = golden.column("query_id").to_numpy()
+    code = golden.column("code").to_numpy()
+    kept, weight, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
+                                   golden.column("answers").to_numpy(), config.prior.keep_ratio)
+    rows = np.searchsorted(query_ids, qid[kept])
+    prior = train_prior(query_features, rows, code[kept], weight, query_ids, 2 * kg.num_relations, config.prior, echo=echo)
+    prior.save(out)
+    return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
+
+
+def path_summary(artifacts: Path, kg: KnowledgeGraph, top: int = 10) -> list[str]:
+    """The most frequent target paths of the training questions, for the run's log."""
+    from seeder.retrieve.paths import describe
+    from seeder.retrieve.prior import path_targets
+
+    golden = read_golden_paths(artifacts / "paths")
+    if golden.num_rows == 0:
+        return []
+    qid, code = golden.column("query_id").to_numpy(), golden.column("code").to_numpy()
+    kept, _, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
+                              golden.column("answers").to_numpy(), 0.999)
+    uniq, counts = np.unique(code[kept], return_counts=True)
+    order = np.argsort(-counts, kind="stable")[:top]
+    names = kg.relation_names
+    return [f"  {counts[i]:>7,}  {describe(int(uniq[i]), names)}" for i in order]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -445,6 +566,13 @@ def _seed_arrays(seeds_file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return read_seed_table(seeds_file)
 
 
+@lru_cache(maxsize=1)
+def _prior(directory: str):
+    from seeder.retrieve.prior import RelationPathPrior
+
+    return RelationPathPrior.load(Path(directory))
+
+
 def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:
     """Expand one block of queries and write its shard (atomically). Everything is opened by path
     and memory-mapped, so a worker never receives the graph or the features through Ray."""
@@ -470,9 +598,10 @@ def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_i
     answer_ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(answers_col).to_numpy(zero_copy_only=False))]).astype(np.int64)
     answers = pc.list_flatten(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
     splits = np.asarray(picked.column("split").to_pylist(), dtype=object)
+    prior = _prior(str(artifacts_path / "prior")) if cfg.expand.relation_score == "learned" else None
     subgraphs = expand_queries(
         kg, node_features, relation_features, np.asarray(query_features[rows]), seeds[seed_rows], seed_scores[seed_rows],
-        cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset),
+        cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset), prior=prior,
     )
     write_table_atomic(subgraphs.to_arrow(), subgraph_shard_path(Path(out_dir), block))
     return {"block": block, "queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()), "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}

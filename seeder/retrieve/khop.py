@@ -41,6 +41,8 @@ from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.registry import register
 from seeder.subgraphs import SubgraphSet, _offsets
 
+RELATION_SCORES = ("cosine", "learned")
+
 HEAVY_DEGREE = 256
 """Nodes with a larger degree are not scanned when collecting induced edges: their edges to other
 selected nodes are looked up in a small sorted index instead (see ``GraphIndex``)."""
@@ -193,6 +195,8 @@ def _check_config(cfg: ExpandConfig) -> None:
         )
     if len(cfg.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 values (w1 sim(q,u), w2 sim(q,v), w3 sim(q,r)), got {cfg.weights}")
+    if cfg.relation_score not in RELATION_SCORES:
+        raise ConfigError(f"expand.relation_score={cfg.relation_score!r}: use 'cosine' (the paper's) or 'learned'")
     if cfg.parent_term not in ("similarity", "score"):
         raise ConfigError(f"expand.parent_term={cfg.parent_term!r}: use 'similarity' (the paper's) or 'score'")
     if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
@@ -207,6 +211,8 @@ def expand_batch(
     seeds: np.ndarray,
     cfg: ExpandConfig,
     timings: dict[str, float] | None = None,
+    path_terms: np.ndarray | None = None,
+    trie_children: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """K-HOP-WITH-FILTERING for one batch of queries.
 
@@ -214,8 +220,16 @@ def expand_batch(
     ``nodes``, ``hop``, ``score``, ``node_ptr`` [Qb+1], and the induced edges ``edge_ptr``,
     ``edge_src``/``edge_dst`` (local indices) and ``edge_rel`` (base relation). ``timings``, when
     given, accumulates seconds per phase (for benchmarks).
+
+    With ``expand.relation_score: learned``, ``path_terms`` [Qb, T] and ``trie_children`` [T, 2R] come
+    from the relation-path prior (seeder.retrieve.prior): each selected node remembers the trie node of
+    its best path from the seed, and the w3 term of an edge v -r-> u is the path term of
+    ``trie_children[path(v), r]`` (0 off the trie) instead of sim(q, r).
     """
     clock = _Clock(timings)
+    learned = cfg.relation_score == "learned"
+    if learned and (path_terms is None or trie_children is None):
+        raise ConfigError("expand.relation_score=learned needs the relation-path prior's path terms; rerun preprocessing")
     n = graph.num_nodes
     w1, w2, w3 = (np.float32(w) for w in cfg.weights)
     num_q = len(query_features)
@@ -247,6 +261,8 @@ def expand_batch(
     carry_keys = np.zeros(0, np.int64)  # candidates seen but not selected, sorted by key
     carry_edge = np.zeros(0, np.float32)  # their best w2 sim(q,v) + w3 sim(q,r) so far
     carry_sim = np.zeros(0, np.float32)  # their sim(q,u)
+    src_trie = np.zeros(len(q), np.int64)  # learned: trie node of each source's path (seeds: the root)
+    carry_trie = np.zeros(0, np.int64)
     for h in range(1, cfg.hops + 1):
         # Gather capped CSR slices of the sources (sources sorted by query, best first).
         start = graph.indptr[src_node]
@@ -262,7 +278,14 @@ def expand_batch(
         nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
         rel = np.asarray(graph.relations[pos], dtype=np.int64)
         eq = src_q[owner]
-        edge_term = w2 * src_sim[owner] + w3 * rel_sims[eq, rel]
+        if learned:
+            parent = src_trie[owner]
+            child = np.where(parent >= 0, trie_children[np.maximum(parent, 0), rel], -1).astype(np.int64)
+            path_term = np.where(child >= 0, path_terms[eq, np.maximum(child, 0)], 0.0)
+            edge_term = w2 * src_sim[owner] + w3 * path_term
+        else:
+            child = np.zeros(0, np.int64)
+            edge_term = w2 * src_sim[owner] + w3 * rel_sims[eq, rel]
         clock("gather")
         cand_keys = eq * n + nbr
         fresh = np.ones(len(cand_keys), dtype=bool)
@@ -271,7 +294,13 @@ def expand_batch(
         # Max over incoming (v, r) per (query, node), merged with the carried candidates.
         all_keys = np.concatenate([carry_keys, cand_keys[fresh]])
         all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
-        order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
+        if learned:
+            # Best edge first within each key, so the first row also names the best path's trie node.
+            all_trie = np.concatenate([carry_trie, child[fresh]])
+            order = np.lexsort((all_trie, -all_edge, all_keys))
+            all_trie = all_trie[order]
+        else:
+            order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
         all_keys, all_edge = all_keys[order], all_edge[order]
         if len(all_keys) == 0:
             break
@@ -279,7 +308,10 @@ def expand_batch(
         first[1:] = all_keys[1:] != all_keys[:-1]
         starts = np.flatnonzero(first)
         ukeys = all_keys[starts]
-        best_edge = np.maximum.reduceat(all_edge, starts)
+        if learned:
+            best_edge, best_trie = all_edge[starts], all_trie[starts]
+        else:
+            best_edge = np.maximum.reduceat(all_edge, starts)
         uq, unode = ukeys // n, ukeys % n
         clock("max per node")
         known, where = _lookup(carry_keys, ukeys)
@@ -303,6 +335,8 @@ def expand_batch(
         rest = np.ones(len(ukeys), dtype=bool)
         rest[chosen] = False
         carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
+        if learned:
+            carry_trie, src_trie = best_trie[rest], best_trie[chosen]
         src_q, src_node = uq[chosen], unode[chosen]
         src_sim = score[chosen] if cfg.parent_term == "score" else usim[chosen]
         clock("top-b")
@@ -400,13 +434,15 @@ def expand_queries(
     answers: np.ndarray,
     graph: GraphIndex | None = None,
     progress=None,
+    prior=None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
     ``seeds`` is [Q, k0] padded with -1. Hop-0 scores are the seeds' cosines to the query, recomputed
     from the features (``seed_scores`` may hold NaN for entity-linked seeds; it is not trusted).
     Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
-    batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls.
+    batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
+    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -428,8 +464,14 @@ def expand_queries(
     step = max(expand_config.batch_queries, 1)
     for lo in range(0, num_q, step):
         hi = min(lo + step, num_q)
+        terms = children = None
+        if expand_config.relation_score == "learned":
+            if prior is None:
+                raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
+            terms, children = prior.path_terms(query_features[lo:hi]), prior.trie.children
         chunks.append(
-            expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config)
+            expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
+                         path_terms=terms, trie_children=children)
         )
         if progress is not None:
             progress(hi)

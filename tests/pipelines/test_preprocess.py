@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -161,6 +162,80 @@ def test_a_changed_config_section_reruns_only_its_stage_and_downstream(reference
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("skipped: up to date") == 3  # embed, features, seeds
     assert (open_artifacts(out).subgraphs().sizes <= 20).all()
+
+
+# -- golden paths and the relation-path prior (expand.relation_score: learned) ---------------------
+
+LEARNED = ["expand.relation_score=learned", "prior.epochs=5", "prior.min_count=1", "prior.hidden_dim=16"]
+
+
+@pytest.fixture(scope="module")
+def learned_reference(tiny_dataset, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("art") / "learned"
+    result = run_job(tiny_dataset, out, *LEARNED)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+def _subgraph_selection(path: Path) -> dict[str, np.ndarray]:
+    sub = open_artifacts(path).subgraphs()
+    return {"query_ids": sub.query_ids, "node_ptr": sub.node_ptr, "nodes": sub.nodes, "hop": sub.hop, "score": sub.score,
+            "edge_ptr": sub.edge_ptr, "edge_src": sub.edge_src, "edge_dst": sub.edge_dst, "edge_rel": sub.edge_rel}
+
+
+def test_learned_filter_adds_the_paths_and_prior_stages(learned_reference, tiny_dataset):
+    from seeder.preprocess import read_golden_paths
+    from seeder.retrieve.prior import RelationPathPrior
+
+    summary = json.loads((learned_reference / "summary.json").read_text())
+    assert list(summary["stages"]) == ["embed", "features", "seeds", "paths", "prior", "subgraphs"]
+    kg = open_dataset(tiny_dataset)
+    golden = read_golden_paths(learned_reference / "paths")
+    train_ids = set(kg.queries_of("train").column("id").to_pylist())
+    assert golden.num_rows > 0 and set(golden.column("query_id").to_pylist()) <= train_ids
+    prior = RelationPathPrior.load(learned_reference / "prior")
+    assert prior.info["vocab_size"] >= 1 and prior.num_relation_ids == 8
+    # The ceiling of the learned filter is reported like the cosine one's.
+    assert 0.0 < summary["ceiling"]["all"]["all"]["hit_any"] <= 1.0
+
+
+def test_val_and_test_answers_never_change_seeds_paths_prior_or_subgraphs(learned_reference, tiny_dataset, tmp_path):
+    from seeder.store import write_dataset
+
+    kg = open_dataset(tiny_dataset)
+    queries = kg.queries
+    held_out = np.asarray(queries.column("split").to_pylist()) != "train"
+    answers = [[0, 1] if h else a for a, h in zip(queries.column("answers").to_pylist(), held_out)]
+    changed = queries.set_column(queries.column_names.index("answers"), "answers", pa.array(answers, queries.schema.field("answers").type))
+    other = write_dataset(tmp_path / "data", kg.nodes, kg.relations, kg.table("edges"), changed)
+    out = tmp_path / "art"
+    result = run_job(other, out, *LEARNED)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for left, right in zip(open_artifacts(learned_reference).seeds(), open_artifacts(out).seeds()):
+        np.testing.assert_array_equal(left, right)
+    assert pq.read_table(sorted((out / "paths").glob("part-*"))).equals(pq.read_table(sorted((learned_reference / "paths").glob("part-*"))))
+    with np.load(out / "prior" / "prior.npz") as a, np.load(learned_reference / "prior" / "prior.npz") as b:
+        for key in b.files:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    x, y = _subgraph_selection(learned_reference), _subgraph_selection(out)
+    for key in x:
+        np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_a_kill_in_the_paths_stage_resumes_to_the_same_artifacts(learned_reference, tiny_dataset, tmp_path):
+    out = tmp_path / "killed"
+    first = run_job(tiny_dataset, out, *LEARNED, env=_env(**{TEST_STOP_ENV: "paths:1"}))
+    assert first.returncode == 137, first.stdout[-2000:] + first.stderr[-2000:]
+    assert not (out / "paths").exists() and not (out / "prior").exists()
+    assert len(list((out / ".paths.partial").glob("part-*.parquet"))) >= 1
+    second = run_job(tiny_dataset, out, *LEARNED)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "paths: resuming" in second.stdout
+    _assert_same_artifacts(learned_reference, out)
+    with np.load(out / "prior" / "prior.npz") as a, np.load(learned_reference / "prior" / "prior.npz") as b:
+        for key in b.files:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 # -- ray job submit against a real head ----------------------------------------------------------
