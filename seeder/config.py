@@ -116,6 +116,14 @@ class PriorConfig:
     """Golden relation paths of the training questions and the relation-path prior learnt from them
     (used by ``expand.relation_score: learned``)."""
 
+    model: str = "hops"
+    """``hops``: one softmax over the relation ids (and "stop") per hop, multiplied along a path, so
+    relation paths never seen whole in training still get their mass (compositional questions);
+    ``path``: one softmax over a vocabulary of whole relation paths seen in training."""
+    bag_weight: float = 0.5
+    """``hops`` model: share of each hop's relation distribution taken from an order-free head (which
+    relations the path uses, wherever they come), so the orders of the relations a question names all
+    keep mass when the text encoder cannot tell which comes first."""
     neighbor_cap: int = 64
     """Golden-path search: at most this many neighbours of one node are followed (a fixed-stride
     sample beyond that), so a hub costs no more than the cap."""

@@ -48,6 +48,7 @@ from seeder.artifacts import read_seed_table
 SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
 
 STAGE_VERSION = 1
+PRIOR_VERSION = 6  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths
 KINDS = ("node", "relation", "query")
 KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
 TEST_STOP_ENV = "SEEDER_TEST_STOP_AFTER_SHARDS"
@@ -76,8 +77,9 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
         fps["paths"] = fingerprint_json({"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"],
                                          "hops": config.expand.hops, "search": search})
         fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries")}
-        fps["prior"] = fingerprint_json({"stage": "prior", "v": STAGE_VERSION, "paths": fps["paths"], "fit": fit})
+        fps["prior"] = fingerprint_json({"stage": "prior", "v": PRIOR_VERSION, "paths": fps["paths"], "fit": fit})
         expand["prior"] = fps["prior"]
+        expand["learned_version"] = 3  # 2: passed-over candidates are not carried; 3: log path terms
     fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": STAGE_VERSION, "seeds": fps["seeds"], "expand": expand})
     return fps
 
@@ -111,6 +113,18 @@ def check_config(config: SeederConfig) -> None:
             f"expand.keep_per_hop={x.keep_per_hop} needs one entry per hop (expand.hops={x.hops}); "
             f"for example expand.keep_per_hop=[60,140] with expand.hops=2"
         )
+    from seeder.retrieve.khop import RELATION_SCORES
+    from seeder.retrieve.prior import PRIOR_MODELS
+
+    if x.relation_score not in (*RELATION_SCORES, "auto"):
+        raise ConfigError(f"expand.relation_score={x.relation_score!r}: use 'cosine' (the paper's), 'learned' or 'auto'")
+    if config.prior.model not in PRIOR_MODELS:
+        raise ConfigError(f"prior.model={config.prior.model!r}: use one of {', '.join(PRIOR_MODELS)}")
+    p = config.prior
+    if min(p.neighbor_cap, p.path_cap, p.batch_queries, p.hidden_dim, p.epochs, p.batch_size, p.max_paths) <= 0 \
+            or not (0 < p.keep_ratio <= 1) or not (0 <= p.holdout_fraction < 1) or not (p.lr > 0):
+        raise ConfigError("prior: caps, sizes, epochs and lr must be positive, keep_ratio in (0, 1], "
+                          "holdout_fraction in [0, 1)")
     if len(x.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 entries (query-head, query-tail, query-relation), got {x.weights}")
 
@@ -379,7 +393,7 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
 
 
 def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
-    from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
+    from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
 
     node_features = np.load(features_dir / "node.npy", mmap_mode="r")
     query_features = np.load(features_dir / "query.npy")
@@ -427,27 +441,6 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     )
     pq.write_table(table, out / "seeds.parquet")
     return {"queries": int(len(query_ids)), "k0": cfg.k0, "strategy": cfg.strategy, "empty": int((lengths == 0).sum())}
-
-
-def given_seeds(kg: KnowledgeGraph, query_ids: np.ndarray, attribute: str) -> list[np.ndarray]:
-    """``seed.strategy: given``: the node id each query names in ``attribute`` (null: none)."""
-    if attribute not in kg.queries.column_names:
-        raise ConfigError(
-            f"seed.strategy=given reads the query attribute {attribute!r}, which {kg.path}/queries.parquet "
-            f"lacks (columns: {', '.join(kg.queries.column_names)}); set seed.given_attribute or another strategy"
-        )
-    rows = kg.query_rows(query_ids)
-    column = kg.queries.column(attribute).combine_chunks().take(pa.array(rows))
-    if not pa.types.is_integer(column.type):
-        raise ConfigError(f"seed.given_attribute={attribute!r} has type {column.type}; it must hold node ids (integers)")
-    ids = column.to_numpy(zero_copy_only=False)
-    valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False))
-    ids = np.where(valid, np.nan_to_num(ids.astype(np.float64), nan=-1), -1).astype(np.int64)
-    bad = valid & ((ids < 0) | (ids >= kg.num_nodes))
-    if bad.any():
-        raise DataError(f"{kg.path}: query {int(query_ids[np.flatnonzero(bad)[0]])} names node "
-                        f"{int(ids[np.flatnonzero(bad)[0]])} in {attribute!r}, which is not a node of the graph")
-    return [np.array([i], np.int64) if i >= 0 else np.zeros(0, np.int64) for i in ids.tolist()]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -503,17 +496,22 @@ def read_golden_paths(directory: Path) -> pa.Table:
 
 def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
     """Fit the relation-path prior on the golden paths (training questions only) and save it."""
-    from seeder.retrieve.prior import path_targets, train_prior
+    from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
 
     golden = read_golden_paths(artifacts / "paths")
-    query_ids = np.load(artifacts / "features" / "query_ids.npy")
-    query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")
+    query_ids = train_query_ids(kg)
+    all_ids = np.load(artifacts / "features" / "query_ids.npy")
+    query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")[np.searchsorted(all_ids, query_ids)]
+    seed_qids, seeds, _ = read_seed_table(artifacts / "seeds" / "seeds.parquet")
+    profile = seed_relation_profile(kg.indptr, kg.edge_relations, seeds[np.searchsorted(seed_qids, query_ids)],
+                                    2 * kg.num_relations)
     qid = golden.column("query_id").to_numpy()
     code = golden.column("code").to_numpy()
     kept, weight, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
-                                   golden.column("answers").to_numpy(), config.prior.keep_ratio)
+                                   golden.column("answers").to_numpy(), config.prior.keep_ratio, 2 * kg.num_relations)
     rows = np.searchsorted(query_ids, qid[kept])
-    prior = train_prior(query_features, rows, code[kept], weight, query_ids, 2 * kg.num_relations, config.prior, echo=echo)
+    prior = train_prior(prior_inputs(query_features, profile), rows, code[kept], weight, query_ids,
+                        2 * kg.num_relations, config.prior, echo=echo)
     prior.save(out)
     return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
 
@@ -528,7 +526,7 @@ def path_summary(artifacts: Path, kg: KnowledgeGraph, top: int = 10) -> list[str
         return []
     qid, code = golden.column("query_id").to_numpy(), golden.column("code").to_numpy()
     kept, _, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
-                              golden.column("answers").to_numpy(), 0.999)
+                              golden.column("answers").to_numpy(), 0.999, 2 * kg.num_relations)
     uniq, counts = np.unique(code[kept], return_counts=True)
     order = np.argsort(-counts, kind="stable")[:top]
     names = kg.relation_names

@@ -38,6 +38,7 @@ import numpy as np
 from seeder.config import ConfigError, ExpandConfig, SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.prior import OFF_PATH_TERM
 from seeder.retrieve.registry import register
 from seeder.subgraphs import SubgraphSet, _offsets
 
@@ -224,7 +225,7 @@ def expand_batch(
     With ``expand.relation_score: learned``, ``path_terms`` [Qb, T] and ``trie_children`` [T, 2R] come
     from the relation-path prior (seeder.retrieve.prior): each selected node remembers the trie node of
     its best path from the seed, and the w3 term of an edge v -r-> u is the path term of
-    ``trie_children[path(v), r]`` (0 off the trie) instead of sim(q, r).
+    ``trie_children[path(v), r]`` (``OFF_PATH_TERM`` off the trie) instead of sim(q, r).
     """
     clock = _Clock(timings)
     learned = cfg.relation_score == "learned"
@@ -281,7 +282,7 @@ def expand_batch(
         if learned:
             parent = src_trie[owner]
             child = np.where(parent >= 0, trie_children[np.maximum(parent, 0), rel], -1).astype(np.int64)
-            path_term = np.where(child >= 0, path_terms[eq, np.maximum(child, 0)], 0.0)
+            path_term = np.where(child >= 0, path_terms[eq, np.maximum(child, 0)], OFF_PATH_TERM)
             edge_term = w2 * src_sim[owner] + w3 * path_term
         else:
             child = np.zeros(0, np.int64)
@@ -336,7 +337,11 @@ def expand_batch(
         rest[chosen] = False
         carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
         if learned:
-            carry_trie, src_trie = best_trie[rest], best_trie[chosen]
+            # Path terms shrink with depth (a prefix's mass includes all its continuations), so a
+            # candidate passed over at hop h would outrank every hop h+1 candidate: drop it instead.
+            src_trie = best_trie[chosen]
+            carry_keys, carry_edge, carry_sim = carry_keys[:0], carry_edge[:0], carry_sim[:0]
+            carry_trie = np.zeros(0, np.int64)
         src_q, src_node = uq[chosen], unode[chosen]
         src_sim = score[chosen] if cfg.parent_term == "score" else usim[chosen]
         clock("top-b")
@@ -466,9 +471,12 @@ def expand_queries(
         hi = min(lo + step, num_q)
         terms = children = None
         if expand_config.relation_score == "learned":
+            from seeder.retrieve.prior import prior_inputs, seed_relation_profile
+
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
-            terms, children = prior.path_terms(query_features[lo:hi]), prior.trie.children
+            profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
+            terms, children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
         chunks.append(
             expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
                          path_terms=terms, trie_children=children)

@@ -112,12 +112,14 @@ def golden_paths(
     answers: np.ndarray,
     max_length: int,
     cfg: PriorConfig,
+    every_path: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Relation paths of length 1..``max_length`` from each query's seeds that reach an answer.
+    """Relation paths of length 1..``max_length`` from each query's seeds that reach an answer (with
+    ``every_path``, also those that reach none).
 
     ``seeds`` is [Q, k0] padded with -1; ``answer_ptr``/``answers`` are the queries' answers (CSR).
     Returns flat arrays ``query`` (row in the batch), ``length``, ``code``, ``hits``, ``reached``, sorted
-    by (query, length, code).
+    by (query, code), which is also (query, length, code).
     """
     num_ids = 2 * num_relations
     check_code_range(num_ids, max_length)
@@ -161,7 +163,7 @@ def golden_paths(
         starts = np.flatnonzero(_first_of_runs(q, code))
         hits = np.add.reduceat(is_answer.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
         reached = np.diff(np.append(starts, len(q)))
-        good = hits > 0
+        good = (hits > 0) | every_path
         out["query"].append(q[starts][good])
         out["length"].append(np.full(int(good.sum()), length, np.int8))
         out["code"].append(code[starts][good])

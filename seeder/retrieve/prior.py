@@ -9,12 +9,17 @@ idea in its smallest form:
 
 - **Targets.** A question's target distribution puts weight F1(p) on each relation path p whose end
   nodes' F1 against the answers is at least ``prior.keep_ratio`` of its best path's F1.
-- **Model.** A two-layer MLP from the PCA'd query embedding to a softmax over a vocabulary of relation
-  paths (the most frequent targets), trained with the soft-target cross-entropy; a hashed slice of the
-  training questions is held out for early stopping.
+- **Model.** A two-layer MLP from the PCA'd query embedding and the seeds' relation profile (which
+  relation ids the seeds have edges of: the question rarely says which way to follow an edge, the
+  seed's type does) to either one softmax per hop over the relation ids and "stop" (``prior.model:
+  hops``, the default: a path's probability is the product along it, so a composition never seen whole
+  in training still gets mass) or one softmax over a vocabulary of whole paths (``path``: captures how
+  the hops depend on each other, but only for paths seen in training). Trained with the soft-target
+  cross-entropy; a hashed slice of the training questions is held out for early stopping. Paths whose
+  first relation the seeds lack get no mass.
 - **Use.** The vocabulary's paths and all their prefixes form a trie. For a question, the *path term*
-  of trie node t is the probability mass of the vocabulary paths that start with t, plus the mass of the
-  path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
+  of trie node t is the log of the probability mass of the vocabulary paths that start with t plus the
+  mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
   from a node on prefix t by relation r takes the path term of t + r: it inherits its path from its
   parent, so nodes on the predicted path outrank a hub's neighbourhood, and nodes where a likely path
   ends score highest.
@@ -37,10 +42,13 @@ from seeder.retrieve.paths import ROOT, path_length
 
 
 def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
-                 keep_ratio: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 keep_ratio: float, num_relation_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per golden-path row: keep it as a target of its query? Returns (rows kept, their weight, F1).
 
-    ``answers`` is the query's answer count, per row. Rows must be grouped by query.
+    ``answers`` is the query's answer count, per row. Rows must be sorted by (query, code). A path
+    with a step straight back (``r`` then ``r`` inverse) that reaches as many nodes and answers as the
+    same path without that step is a detour (over a one-to-one relation it returns to where it was)
+    and is not a target, and neither is a path longer than the shortest one with the best F1.
     """
     precision = hits / np.maximum(reached, 1)
     recall = hits / np.maximum(answers, 1)
@@ -50,8 +58,75 @@ def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached:
     starts = np.flatnonzero(np.r_[True, query[1:] != query[:-1]])
     best = np.maximum.reduceat(f1, starts)
     best_per_row = np.repeat(best, np.diff(np.append(starts, len(query))))
-    kept = np.flatnonzero(f1 >= keep_ratio * best_per_row - 1e-12)
+    reduced = _without_first_backtrack(code, num_relation_ids)
+    has_step_back = reduced != code
+    # Look the reduced path up among the same query's rows (sorted by query, then code).
+    span = int(code.max()) + 1
+    keys = query.astype(np.int64) * span + code
+    pos = np.minimum(np.searchsorted(keys, query.astype(np.int64) * span + reduced), len(keys) - 1)
+    same = (keys[pos] == query.astype(np.int64) * span + reduced) & (hits[pos] == hits) & (reached[pos] == reached)
+    detour = has_step_back & same
+    # No target is longer than the shortest path with the best F1: with many relations, long paths reach
+    # an answer by coincidence (on a graph of permutations, a few of the 8,000 3-paths of a node do).
+    length = path_length(code, num_relation_ids)
+    at_best = f1 >= best_per_row * (1 - 1e-6)
+    shortest_best = np.minimum.reduceat(np.where(at_best, length, np.iinfo(np.int64).max), starts)
+    too_long = length > np.repeat(shortest_best, np.diff(np.append(starts, len(query))))
+    kept = np.flatnonzero((f1 >= keep_ratio * best_per_row - 1e-12) & ~detour & ~too_long)
     return kept, f1[kept].astype(np.float32), f1
+
+
+def _without_first_backtrack(code: np.ndarray, num_relation_ids: int) -> np.ndarray:
+    """Each path code with its first "r then r inverse" pair of steps removed (unchanged if none)."""
+    base, half = num_relation_ids, num_relation_ids // 2
+    length = path_length(code, base)
+    k = int(length.max(initial=0))
+    if k < 2:
+        return code.copy()
+    digits = np.full((len(code), k), -1, np.int64)  # relation at hop 1..k, -1 beyond the path
+    rest = code.copy()
+    for h in range(k - 1, -1, -1):
+        present = length > h
+        digits[present, h] = rest[present] % base
+        rest[present] //= base
+    inverse = np.where(digits < half, digits + half, digits - half)
+    back = (digits[:, 1:] >= 0) & (digits[:, 1:] == inverse[:, :-1])
+    has_back = back.any(axis=1)
+    at = np.where(has_back, back.argmax(axis=1), -2)  # the pair (at, at + 1) is dropped
+    out = np.full(len(code), ROOT, np.int64)
+    for j in range(k):  # hops only
+        keep = (digits[:, j] >= 0) & (j != at) & (j != at + 1)
+        out = np.where(keep, out * base + np.maximum(digits[:, j], 0), out)
+    return np.where(has_back, out, code)
+
+
+SEED_SAMPLE = 1024
+"""At most this many CSR entries of one seed are read for its relation profile (a fixed-stride sample)."""
+
+
+def seed_relation_profile(indptr: np.ndarray, relations: np.ndarray, seeds: np.ndarray, num_relation_ids: int) -> np.ndarray:
+    """[Q, 2R] 1.0 where some seed of the query has an edge of that relation id (either direction).
+
+    The question alone often does not say which way an edge must be followed ("what did X direct":
+    X is a director, so ``directed_by`` backwards); the seed's own relations do.
+    """
+    seeds = np.asarray(seeds, dtype=np.int64)
+    q, col = np.nonzero(seeds >= 0)
+    node = seeds[q, col]
+    start = np.asarray(indptr[node], dtype=np.int64)
+    degree = np.asarray(indptr[node + 1], dtype=np.int64) - start
+    sample = np.minimum(degree, SEED_SAMPLE)
+    owner = np.repeat(np.arange(len(node)), sample)
+    j = np.arange(int(sample.sum())) - np.repeat(np.cumsum(sample) - sample, sample)
+    pos = start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1)
+    profile = np.zeros((len(seeds), num_relation_ids), dtype=np.float32)
+    profile[q[owner], np.asarray(relations[pos], dtype=np.int64)] = 1.0
+    return profile
+
+
+def prior_inputs(query_features: np.ndarray, profile: np.ndarray) -> np.ndarray:
+    """What the prior reads: the PCA'd query embedding and the seeds' relation profile."""
+    return np.concatenate([np.asarray(query_features, np.float32), profile.astype(np.float32)], axis=1)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -101,17 +176,37 @@ class PathTrie:
         return (through + ending).T
 
 
+PRIOR_MODELS = ("hops", "path")
+MASS_FLOOR = 1e-6
+OFF_PATH_TERM = float(np.log(MASS_FLOOR))
+"""The path term of a candidate whose path leaves the prior's trie (no vocabulary path goes there)."""
+
+
+def all_paths(num_relation_ids: int, max_length: int) -> np.ndarray:
+    """Every path code of length 1..max_length, ascending (level by level, first relation major)."""
+    return np.concatenate([num_relation_ids**h + np.arange(num_relation_ids**h, dtype=np.int64)
+                           for h in range(1, max_length + 1)])
+
+
 @dataclass
 class RelationPathPrior:
-    """MLP weights plus the path vocabulary; ``probs`` and ``path_terms`` run in numpy."""
+    """MLP weights plus the path vocabulary; ``probs`` and ``path_terms`` run in numpy.
+
+    ``model == "path"``: the output layer is one logit per vocabulary path. ``model == "hops"``: it is
+    ``max_length`` blocks of 2R + 1 logits (the relation at hop h, or stop), and the vocabulary is every
+    path of up to ``max_length`` relations: p(r_1..r_l) = prod_h p_h(r_h) * p_{l+1}(stop).
+    """
 
     w1: np.ndarray  # [d, H]
     b1: np.ndarray  # [H]
-    w2: np.ndarray  # [H, V]
-    b2: np.ndarray  # [V]
+    w2: np.ndarray  # [H, V] or [H, K (2R + 1)]
+    b2: np.ndarray  # [V] or [K (2R + 1)]
     vocab: np.ndarray  # int64 [V] path codes
     num_relation_ids: int
     info: dict
+    model: str = "path"
+    max_length: int = 0
+    bag_weight: float = 0.0
 
     @property
     def trie(self) -> PathTrie:
@@ -119,20 +214,65 @@ class RelationPathPrior:
             self._trie = PathTrie.build(self.vocab, self.num_relation_ids)
         return self._trie
 
-    def probs(self, query_features: np.ndarray) -> np.ndarray:
-        x = np.asarray(query_features, dtype=np.float32)
+    @property
+    def first_relation(self) -> np.ndarray:
+        """[V] the relation id each vocabulary path starts with."""
+        codes = self.vocab.copy()
+        while (codes >= self.num_relation_ids**2).any():
+            deep = codes >= self.num_relation_ids**2
+            codes[deep] //= self.num_relation_ids
+        return codes % self.num_relation_ids
+
+    def probs(self, inputs: np.ndarray) -> np.ndarray:
+        """[Q, V] path probabilities from ``prior_inputs`` rows. Paths whose first relation is absent
+        from the seeds' profile cannot be followed and get no mass (unless no path can)."""
+        x = np.asarray(inputs, dtype=np.float32)
         logits = _gelu(x @ self.w1 + self.b1) @ self.w2 + self.b2
-        logits -= logits.max(axis=1, keepdims=True)
-        e = np.exp(logits)
+        if self.model == "hops":
+            e = self._path_products(logits)
+        else:
+            logits -= logits.max(axis=1, keepdims=True)
+            e = np.exp(logits)
+        profile = x[:, -self.num_relation_ids :]
+        usable = profile[:, self.first_relation] > 0
+        usable[~usable.any(axis=1)] = True
+        e *= usable
         return e / e.sum(axis=1, keepdims=True)
 
-    def path_terms(self, query_features: np.ndarray) -> np.ndarray:
-        return self.trie.path_terms(self.probs(query_features))
+    def _path_products(self, logits: np.ndarray) -> np.ndarray:
+        """[Q, K (2R+1)] per-hop logits -> [Q, V] probabilities of every path of up to K relations."""
+        num_q, base, k = len(logits), self.num_relation_ids, self.max_length
+        blocks = logits.reshape(num_q, k + 1, base + 1)
+        blocks = np.exp(blocks - blocks.max(axis=2, keepdims=True))
+        blocks /= blocks.sum(axis=2, keepdims=True)
+        per_hop, bag = blocks[:, :k].copy(), blocks[:, k, :base]
+        # Mix each hop's relation distribution with the order-free one (which relations the path uses),
+        # keeping the hop's stop probability: where the encoder cannot tell the order of the relations a
+        # question names, every order of them keeps some mass.
+        go = 1.0 - per_hop[:, :, base]
+        relations = per_hop[:, :, :base] / np.maximum(go, 1e-12)[:, :, None]
+        relations = (1 - self.bag_weight) * relations + self.bag_weight * (bag / bag.sum(axis=1, keepdims=True))[:, None, :]
+        per_hop[:, :, :base] = relations * go[:, :, None]
+        levels, prefix = [], np.ones((num_q, 1), np.float32)
+        for h in range(k):
+            prefix = (prefix[:, :, None] * per_hop[:, h, None, :base]).reshape(num_q, -1)
+            stop = per_hop[:, h + 1, base][:, None] if h + 1 < k else 1.0
+            levels.append(prefix * stop)
+        return np.concatenate(levels, axis=1)
+
+    def path_terms(self, inputs: np.ndarray) -> np.ndarray:
+        """[Q, T] log of (mass through + mass ending at) each trie node, floored at ``OFF_PATH_TERM``.
+
+        In log space, so that the term compares paths by ratios and is not drowned by the filter's
+        cosine terms when the mass is spread over many paths."""
+        return np.log(np.maximum(self.trie.path_terms(self.probs(inputs)), MASS_FLOOR)).astype(np.float32)
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         np.savez(directory / "prior.npz", w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2, vocab=self.vocab)
-        (directory / "prior.json").write_text(json.dumps({"num_relation_ids": self.num_relation_ids, **self.info}, indent=2))
+        meta = {"num_relation_ids": self.num_relation_ids, "model": self.model, "max_length": self.max_length,
+                "bag_weight": self.bag_weight}
+        (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -143,7 +283,8 @@ class RelationPathPrior:
             info = json.loads((directory / "prior.json").read_text())
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
-        return cls(**arrays, num_relation_ids=int(info.pop("num_relation_ids")), info=info)
+        return cls(**arrays, num_relation_ids=int(info.pop("num_relation_ids")), model=info.pop("model", "path"),
+                   max_length=int(info.pop("max_length", 0)), bag_weight=float(info.pop("bag_weight", 0.0)), info=info)
 
 
 def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
@@ -153,7 +294,7 @@ def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
 
 
 def train_prior(
-    query_features: np.ndarray,
+    inputs: np.ndarray,
     query: np.ndarray,
     code: np.ndarray,
     weight: np.ndarray,
@@ -164,29 +305,58 @@ def train_prior(
 ) -> RelationPathPrior:
     """Fit the prior on target rows (query row, path code, weight) of training questions.
 
-    ``query_features`` [Q, d] holds every training question's features, ``query_ids`` their ids (for
-    the hashed hold-out). Questions without a target row are not used.
+    ``inputs`` [Q, d + 2R] holds every training question's ``prior_inputs``, ``query_ids`` their ids
+    (for the hashed hold-out). Questions without a target row are not used.
     """
     import torch
 
-    # Vocabulary: the paths that are targets of the most questions.
-    uniq, counts = np.unique(code, return_counts=True)
-    order = np.lexsort((uniq, -counts))
-    vocab = uniq[order][counts[order] >= cfg.min_count][: cfg.max_paths]
-    if len(vocab) == 0:
+    if len(code) == 0:
         raise DataError("no relation path leads from the training questions' seeds to their answers; "
                         "use expand.relation_score=cosine, or check the seeds and expand.hops")
-    vocab = np.sort(vocab)
-    slot = np.searchsorted(vocab, code)
-    in_vocab = vocab[np.minimum(slot, len(vocab) - 1)] == code
-    query, slot, weight = query[in_vocab], slot[in_vocab], weight[in_vocab]
+    if cfg.model == "hops":
+        # Every path of up to max_length relations; targets are per hop (relation or stop).
+        max_length = int(path_length(code, num_relation_ids).max())
+        vocab = all_paths(num_relation_ids, max_length)
+        slot = np.searchsorted(vocab, code)
+    else:
+        # Vocabulary: the paths that are targets of the most questions.
+        max_length = 0
+        uniq, counts = np.unique(code, return_counts=True)
+        order = np.lexsort((uniq, -counts))
+        vocab = np.sort(uniq[order][counts[order] >= cfg.min_count][: cfg.max_paths])
+        if len(vocab) == 0:
+            raise DataError(f"no relation path is a target of prior.min_count={cfg.min_count} training questions; "
+                            "lower prior.min_count")
+        slot = np.searchsorted(vocab, code)
+        in_vocab = vocab[np.minimum(slot, len(vocab) - 1)] == code
+        query, slot, weight, code = query[in_vocab], slot[in_vocab], weight[in_vocab], code[in_vocab]
     rows = np.unique(query)
-    row_of = np.full(len(query_features), -1, np.int64)
+    row_of = np.full(len(inputs), -1, np.int64)
     row_of[rows] = np.arange(len(rows))
     targets = np.zeros((len(rows), len(vocab)), dtype=np.float32)
     np.add.at(targets, (row_of[query], slot), weight)
     targets /= targets.sum(axis=1, keepdims=True)
-    x = np.asarray(query_features[rows], dtype=np.float32)
+    if cfg.model == "hops":
+        # Per hop h: the weight of target paths with relation r at hop h, or that stopped before h.
+        stop = num_relation_ids
+        hop_targets = np.zeros((len(rows), max_length, stop + 1), np.float32)
+        lengths = path_length(code, num_relation_ids)
+        digits = code.copy()
+        for h in range(max_length, 0, -1):
+            present = lengths >= h
+            rel = np.where(present, digits % num_relation_ids, stop)
+            digits = np.where(present, digits // num_relation_ids, digits)
+            np.add.at(hop_targets, (row_of[query], h - 1, rel), weight)
+        hop_targets /= hop_targets.sum(axis=2, keepdims=True)
+        # The order-free block: how often each relation occurs on the target paths (never "stop").
+        bag_targets = hop_targets.sum(axis=1)
+        bag_targets[:, stop] = 0
+        bag_targets /= np.maximum(bag_targets.sum(axis=1, keepdims=True), 1e-12)
+        fit_targets = np.concatenate([hop_targets, bag_targets[:, None, :]], axis=1).reshape(len(rows), -1)
+        out_width = (max_length + 1) * (stop + 1)
+    else:
+        fit_targets, out_width = targets, len(vocab)
+    x = np.asarray(inputs[rows], dtype=np.float32)
     held = holdout_mask(query_ids[rows], cfg.holdout_fraction)
     if held.all() or not held.any():
         held = np.zeros(len(rows), bool)
@@ -194,13 +364,16 @@ def train_prior(
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     d, hidden = x.shape[1], cfg.hidden_dim
-    net = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(hidden, len(vocab)))
+    net = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(hidden, out_width))
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    xt, yt = torch.from_numpy(x[~held]), torch.from_numpy(targets[~held])
-    xv, yv = torch.from_numpy(x[held]), torch.from_numpy(targets[held])
+    xt, yt = torch.from_numpy(x[~held]), torch.from_numpy(fit_targets[~held])
+    xv, yv = torch.from_numpy(x[held]), torch.from_numpy(fit_targets[held])
+    groups = max_length + 1 if cfg.model == "hops" else 1
 
     def loss_of(xb, yb):
-        return -(yb * torch.log_softmax(net(xb), dim=1)).sum(dim=1).mean()
+        # Soft-target cross-entropy, summed over the hops' softmaxes for the per-hop model.
+        logits = net(xb).reshape(len(xb), groups, -1)
+        return -(yb.reshape(len(xb), groups, -1) * torch.log_softmax(logits, dim=2)).sum(dim=(1, 2)).mean()
 
     best, best_state, stale, epoch = float("inf"), None, 0, 0
     for epoch in range(1, cfg.epochs + 1):
@@ -223,9 +396,14 @@ def train_prior(
             if stale >= cfg.patience:
                 break
     net.load_state_dict(best_state)
-    with torch.no_grad():
-        top = net(xv).argmax(dim=1).numpy()
-    # Held-out accuracy: the predicted path is one of the question's targets.
+    sd = {k: v.numpy() for k, v in net.state_dict().items()}
+    prior = RelationPathPrior(
+        w1=sd["0.weight"].T.copy(), b1=sd["0.bias"].copy(), w2=sd["2.weight"].T.copy(), b2=sd["2.bias"].copy(),
+        vocab=vocab, num_relation_ids=num_relation_ids, info={}, model=cfg.model, max_length=max_length,
+        bag_weight=cfg.bag_weight if cfg.model == "hops" else 0.0,
+    )
+    # Held-out accuracy: the predicted path (as used, seeds' profile applied) is one of the question's targets.
+    top = prior.probs(x[held]).argmax(axis=1)
     hit = targets[held][np.arange(len(top)), top] > 0
     info = {
         "vocab_size": int(len(vocab)),
@@ -237,8 +415,5 @@ def train_prior(
     }
     echo(f"prior: {len(vocab):,} relation paths, {len(rows):,} questions; held-out loss {best:.4f}, "
          f"top path is a target for {info['held_out_top1_is_target']:.3f} ({epoch} epochs)")
-    sd = {k: v.numpy() for k, v in net.state_dict().items()}
-    return RelationPathPrior(
-        w1=sd["0.weight"].T.copy(), b1=sd["0.bias"].copy(), w2=sd["2.weight"].T.copy(), b2=sd["2.bias"].copy(),
-        vocab=vocab, num_relation_ids=num_relation_ids, info=info,
-    )
+    prior.info = info
+    return prior

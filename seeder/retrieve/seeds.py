@@ -5,7 +5,9 @@ Two sources of seeds:
 - dense: the top-k0 nodes by cosine to the query, computed exactly in blocks (queries x nodes) with a
   running top-k, so memory stays bounded at millions of nodes and ties break by node id;
 - entity linking (optional): node names mentioned verbatim in the query text, after case and
-  punctuation normalisation, rarest mention first (by how many of the graph's queries mention it).
+  punctuation normalisation, rarest mention first (by how many of the graph's queries mention it);
+- given (optional): the node a query attribute names (MetaQA's bracketed topic entity, ``topic_id``),
+  the setting in which KGQA systems such as NSM and ReaRev are measured.
 
 ``select_seeds`` combines them per ``seed.strategy``.
 """
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seeder.config import ConfigError, SeedConfig
+from seeder.io import DataError
 
 STRATEGIES = ("dense", "entity", "dense+entity")
 MAX_NGRAM = 12
@@ -240,6 +243,27 @@ class EntityLinker:
             ids = np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities]
             out.append(ids)
         return out
+
+
+def given_seeds(kg, query_ids: np.ndarray, attribute: str) -> list[np.ndarray]:
+    """``seed.strategy: given``: the node id each query names in ``attribute`` (null: none)."""
+    if attribute not in kg.queries.column_names:
+        raise ConfigError(
+            f"seed.strategy=given reads the query attribute {attribute!r}, which {kg.path}/queries.parquet "
+            f"lacks (columns: {', '.join(kg.queries.column_names)}); set seed.given_attribute or another strategy"
+        )
+    rows = kg.query_rows(query_ids)
+    column = kg.queries.column(attribute).combine_chunks().take(pa.array(rows))
+    if not pa.types.is_integer(column.type):
+        raise ConfigError(f"seed.given_attribute={attribute!r} has type {column.type}; it must hold node ids (integers)")
+    ids = column.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False))
+    ids = np.where(valid, np.nan_to_num(ids.astype(np.float64), nan=-1), -1).astype(np.int64)
+    bad = valid & ((ids < 0) | (ids >= kg.num_nodes))
+    if bad.any():
+        raise DataError(f"{kg.path}: query {int(query_ids[np.flatnonzero(bad)[0]])} names node "
+                        f"{int(ids[np.flatnonzero(bad)[0]])} in {attribute!r}, which is not a node of the graph")
+    return [np.array([i], np.int64) if i >= 0 else np.zeros(0, np.int64) for i in ids.tolist()]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 from seeder.config import ConfigError, ExpandConfig, PriorConfig
 from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.paths import ROOT, golden_paths
-from seeder.retrieve.prior import PathTrie, RelationPathPrior, path_targets, train_prior
+from seeder.retrieve.prior import PathTrie, RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
 
 
 def test_targets_keep_paths_near_the_best_f1():
@@ -16,12 +16,27 @@ def test_targets_keep_paths_near_the_best_f1():
     hits = np.array([4, 1, 2, 1])
     reached = np.array([4, 1, 40, 10])
     answers = np.array([4, 4, 4, 1])
-    kept, weight, f1 = path_targets(query, np.arange(4), hits, reached, answers, keep_ratio=0.5)
+    codes = ROOT * 4 + np.arange(4)
+    kept, weight, f1 = path_targets(query, codes, hits, reached, answers, 0.5, 4)
     # Query 0: F1 1.0, 0.4, 0.09 -> only the first; query 1 keeps its only path.
     assert kept.tolist() == [0, 3]
     np.testing.assert_allclose(weight, [1.0, 2 * 0.1 / 1.1], rtol=1e-6)
-    kept, _, _ = path_targets(query, np.arange(4), hits, reached, answers, keep_ratio=0.3)
+    kept, _, _ = path_targets(query, codes, hits, reached, answers, 0.3, 4)
     assert kept.tolist() == [0, 1, 3]
+    # A longer path to as many nodes and answers as a shorter one is a detour, not a target.
+    # Relations 0, 1 and inverses 2, 3: "0 -> 2 -> 1" steps straight back; "1" reaches the same 3 nodes.
+    r1, back, other = ROOT * 4 + 1, ((ROOT * 4 + 0) * 4 + 2) * 4 + 1, ((ROOT * 4 + 0) * 4 + 1) * 4 + 1
+    kept, _, _ = path_targets(np.zeros(3, int), np.array([r1, back, other]), np.array([2, 2, 2]), np.array([3, 3, 3]),
+                              np.array([2, 2, 2]), 0.5, 4)
+    assert kept.tolist() == [0]  # a longer path to as many nodes (a coincidence) is not a target either
+    kept, _, _ = path_targets(np.zeros(2, int), np.array([r1, back]), np.array([2, 2]), np.array([4, 3]),
+                              np.array([2, 2]), 0.5, 4)
+    assert kept.tolist() == [0, 1]  # the step back reaches other nodes (and is the best path): not a detour
+    # A longer path than the shortest best one is a coincidence, even at the same F1; a shorter, weaker
+    # path stays a target beside a longer best one.
+    kept, _, _ = path_targets(np.zeros(3, int), np.array([r1, other, ROOT * 4 + 0]), np.array([1, 1, 1]),
+                              np.array([1, 1, 2]), np.array([1, 1, 1]), 0.5, 4)
+    assert kept.tolist() == [0, 2]
 
 
 def test_path_terms_are_mass_through_plus_mass_ending_at_each_prefix():
@@ -48,7 +63,8 @@ def test_the_prior_learns_which_path_a_question_asks_for(tmp_path):
     centres = rng.normal(size=(3, 16))
     features = centres[kind] + 0.3 * rng.normal(size=(600, 16))
     features /= np.linalg.norm(features, axis=1, keepdims=True)
-    prior = train_prior(features.astype(np.float32), np.arange(600), types[kind], np.ones(600, np.float32),
+    features = prior_inputs(features, np.ones((600, 6)))
+    prior = train_prior(features, np.arange(600), types[kind], np.ones(600, np.float32),
                         np.arange(600) * 3 + 1, 6, PriorConfig(epochs=30, hidden_dim=32), echo=lambda _: None)
     assert prior.info["held_out_top1_is_target"] > 0.95
     top = prior.vocab[prior.probs(features).argmax(axis=1)]
@@ -116,8 +132,9 @@ def test_learned_filter_beats_cosine_when_only_relation_order_differs():
     found = golden_paths(indptr, neighbors, relations, 2, seeds[train][:, None], answer_ptr[: 61],
                          flat_answers[: answer_ptr[60]], 2, PriorConfig())
     kept, weight, _ = path_targets(found["query"], found["code"], found["hits"], found["reached"],
-                                   np.diff(answer_ptr)[found["query"]], 0.5)
-    prior = train_prior(query_features[train], found["query"][kept], found["code"][kept], weight, np.arange(60), 4,
+                                   np.diff(answer_ptr)[found["query"]], 0.5, 4)
+    inputs = prior_inputs(query_features, seed_relation_profile(indptr, relations, seeds[:, None], 4))
+    prior = train_prior(inputs[train], found["query"][kept], found["code"][kept], weight, np.arange(60), 4,
                         PriorConfig(epochs=40, hidden_dim=16, lr=1e-2, min_count=1), echo=lambda _: None)
 
     def ceiling(relation_score):
@@ -134,3 +151,42 @@ def test_learned_filter_beats_cosine_when_only_relation_order_differs():
         expand_queries(kg, node_features, relation_features, query_features, seeds[:, None], np.zeros((80, 1)),
                        ExpandConfig(budget=11, hops=2, keep_per_hop=[4, 6], relation_score="learned"), np.arange(80),
                        np.array(["x"] * 80, object), answer_ptr, flat_answers)
+
+
+def test_seed_profile_masks_paths_the_seed_cannot_start():
+    from seeder.store import build_csr
+
+    # Node 0 has only out-edges of relation 0; node 3 only in-edges of relation 1 (id 1 + R = 3).
+    indptr, _, relations = build_csr(4, 2, np.array([0, 2]), np.array([1, 3]), np.array([0, 1]))
+    profile = seed_relation_profile(indptr, relations, np.array([[0, -1], [3, -1], [-1, -1]]), 4)
+    assert profile.tolist() == [[1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
+    vocab = np.array([ROOT * 4 + 0, ROOT * 4 + 3, (ROOT * 4 + 0) * 4 + 1])
+    d = 2
+    prior = RelationPathPrior(w1=np.zeros((d + 4, 3), np.float32), b1=np.zeros(3, np.float32), w2=np.zeros((3, 3), np.float32),
+                              b2=np.zeros(3, np.float32), vocab=vocab, num_relation_ids=4, info={})
+    np.testing.assert_array_equal(prior.first_relation, [0, 3, 0])
+    probs = prior.probs(prior_inputs(np.zeros((3, d)), profile))
+    np.testing.assert_allclose(probs, [[0.5, 0, 0.5], [0, 1, 0], [1 / 3, 1 / 3, 1 / 3]], atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["hops", "path"])
+def test_per_hop_prior_generalises_to_unseen_compositions(model):
+    # Questions "the b of the a of X": features one-hot the first relation (dims 0-2) and the second (3-5).
+    rng = np.random.default_rng(3)
+    base = 6
+    a, b = rng.integers(0, 3, 900), rng.integers(0, 3, 900)
+    features = np.zeros((900, 6), np.float32)
+    features[np.arange(900), a] = 1
+    features[np.arange(900), 3 + b] = 1
+    codes = (ROOT * base + a) * base + (b + 3)
+    seen = (a + b) % 3 != 0  # (0,0), (1,2), (2,1) never occur in training
+    inputs = prior_inputs(features, np.ones((900, base)))
+    prior = train_prior(inputs[seen], np.arange(int(seen.sum())), codes[seen], np.ones(int(seen.sum()), np.float32),
+                        np.arange(int(seen.sum())), base, PriorConfig(model=model, epochs=60, hidden_dim=32, lr=1e-2),
+                        echo=lambda _: None)
+    top = prior.vocab[prior.probs(inputs[~seen]).argmax(axis=1)]
+    accuracy = float(np.mean(top == codes[~seen]))
+    if model == "hops":
+        assert accuracy > 0.95
+    else:
+        assert accuracy == 0.0  # a whole-path vocabulary has no entry for a composition it never saw

@@ -114,3 +114,31 @@ def test_entity_linking_prefers_the_rarest_mention(tmp_path):
     assert [f.tolist() for f in found] == [[1], [3]]
     # Equal counts: the longer, then the earlier mention wins.
     assert EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=2)).link(["director of K2"])[0].tolist() == [2, 1]
+
+
+def test_given_seeds_read_the_topic_attribute_and_refuse_bad_ones(tmp_path):
+    from seeder.io import DataError
+    from seeder.retrieve.seeds import given_seeds
+
+    queries = pa.table({
+        "id": np.array([5, 9, 12], np.int64),
+        "text": ["about node 3", "about nothing", "about node 1"],
+        "answers": [[0], [1], [2]],
+        "split": ["train", "val", "test"],
+        "topic_id": pa.array([3, None, 1], pa.int64()),
+    })
+    kg = make_graph(tmp_path / "g", np.array([0, 1]), np.array([1, 2]), np.array([0, 0]), 4, 1, queries=queries)
+    linked = given_seeds(kg, np.array([12, 5, 9]), "topic_id")
+    assert [x.tolist() for x in linked] == [[1], [3], []]
+    # The given node first, dense seeds fill the rest (and a query without a topic).
+    ids, _ = select_seeds(SeedConfig(k0=2, strategy="dense+entity"), np.array([[2, 1], [0, 3], [2, 0]]),
+                          np.zeros((3, 2)), linked)
+    assert ids.tolist() == [[1, 2], [3, 0], [2, 0]]
+    with pytest.raises(ConfigError, match="lacks"):
+        given_seeds(kg, np.array([5]), "topic")
+    with pytest.raises(ConfigError, match="node ids"):
+        given_seeds(kg, np.array([5]), "text")
+    bad = queries.set_column(4, "topic_id", pa.array([3, 7, 1], pa.int64()))
+    kg_bad = make_graph(tmp_path / "b", np.array([0, 1]), np.array([1, 2]), np.array([0, 0]), 4, 1, queries=bad)
+    with pytest.raises(DataError, match="query 9 names node 7"):
+        given_seeds(kg_bad, np.array([5, 9]), "topic_id")

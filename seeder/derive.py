@@ -1,0 +1,194 @@
+"""Defaults derived from the training split: seeding, hops, the per-hop budget and the relation score.
+
+A graph imported with no config file should still get close to a tuned config. The training questions'
+golden relation paths (seeder.retrieve.paths) already say what a tuned config would choose:
+
+- ``seed.strategy: auto``: entity linking (``dense+entity``) when an answer lies within reach of the
+  linked seeds for at least as many training questions as from the dense seeds, else ``dense``;
+- ``expand.hops: 0`` (auto): the fewest hops that hold the best relation path of ``COVER`` of the
+  training questions that have one (paths of up to ``MAX_HOPS`` relations are searched);
+- ``expand.keep_per_hop: []`` (auto): the budget split over the hops in proportion to the nodes that
+  the training questions' best paths reach at each hop (at least ``MIN_SHARE`` of it each);
+- ``expand.relation_score: auto``: ``learned`` when at least ``MIN_PATH_SHARE`` of the training questions
+  have a golden path (the prior has something to learn), else the paper's ``cosine``.
+
+Everything reads a fixed sample of at most ``SAMPLE`` training questions (chosen by a hash of their ids)
+and their answers only; val and test answers are never read. Each choice comes with a line that says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow.compute as pc
+
+from seeder.config import SeederConfig
+
+SAMPLE = 2_000
+MAX_HOPS = 3
+COVER = 0.97
+MIN_SHARE = 0.1
+MIN_PATH_SHARE = 0.5
+AUTO_STRATEGY = "auto"
+AUTO_RELATION_SCORE = "auto"
+
+
+def needs_derivation(config: SeederConfig) -> bool:
+    e = config.expand
+    return config.seed.strategy == AUTO_STRATEGY or e.hops == 0 or not e.keep_per_hop or e.relation_score == AUTO_RELATION_SCORE
+
+
+def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(query ids, answer_ptr, answers, texts) of a fixed hashed sample of the training questions."""
+    train = kg.queries_of("train").sort_by("id")
+    ids = train.column("id").to_numpy()
+    if len(ids) > SAMPLE:
+        h = (ids.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
+        keep = np.sort(np.argsort(h, kind="stable")[:SAMPLE])
+        train = train.take(keep)
+        ids = ids[keep]
+    col = train.column("answers").combine_chunks()
+    ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(col).to_numpy(zero_copy_only=False))]).astype(np.int64)
+    answers = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    return ids, ptr, answers, train.column("text").to_pylist()
+
+
+def _best_paths(found: dict[str, np.ndarray], num_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query with a golden path: (query, code, length) of its best path by F1, shorter first on ties."""
+    from seeder.retrieve.prior import path_targets
+
+    good = found["hits"] > 0
+    q, code, length = found["query"][good], found["code"][good], found["length"][good].astype(np.int64)
+    if len(q) == 0:
+        return q, code, length
+    _, _, f1 = path_targets(q, code, found["hits"][good], found["reached"][good], found["answers_of"][good], 1.0, num_ids)
+    order = np.lexsort((length, -f1, q))
+    first = np.r_[True, q[order][1:] != q[order][:-1]]
+    pick = order[first]
+    return q[pick], code[pick], length[pick]
+
+
+def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, query_ids: np.ndarray,
+                    config: SeederConfig) -> tuple[SeederConfig, list[str]]:
+    """``config`` with its ``auto`` values resolved from the training split, and one line per choice."""
+    from seeder.retrieve.paths import golden_paths
+    from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
+
+    if not needs_derivation(config):
+        return config, []
+    seed_cfg, expand = config.seed, config.expand
+    lines: list[str] = []
+    ids, ptr, answers, texts = _sample(kg)
+    num_q = len(ids)
+    search = dataclasses.replace(config.prior, path_cap=64)
+    max_hops = expand.hops or MAX_HOPS
+
+    def paths_from(seeds: np.ndarray, length: int, every: bool = False) -> dict[str, np.ndarray]:
+        found = golden_paths(kg.indptr, kg.neighbors, kg.edge_relations, kg.num_relations, seeds, ptr, answers,
+                             length, search, every_path=every)
+        found["answers_of"] = np.diff(ptr)[found["query"]]
+        return found
+
+    def reach(found: dict[str, np.ndarray]) -> float:
+        return len(np.unique(found["query"][found["hits"] > 0])) / max(num_q, 1)
+
+    if num_q == 0:
+        resolved_seed = dataclasses.replace(seed_cfg, strategy="dense") if seed_cfg.strategy == AUTO_STRATEGY else seed_cfg
+        hops = expand.hops or 2
+        keep = expand.keep_per_hop or _split(expand.budget - seed_cfg.k0, np.ones(hops))
+        score = "cosine" if expand.relation_score == AUTO_RELATION_SCORE else expand.relation_score
+        lines.append("auto: no training questions with answers; the paper's settings (dense seeds, cosine relation score)")
+        return dataclasses.replace(config, seed=resolved_seed, expand=dataclasses.replace(
+            expand, hops=hops, keep_per_hop=list(keep), relation_score=score)), lines
+
+    rows = np.searchsorted(query_ids, ids)
+    q_features = np.asarray(query_features[rows], dtype=np.float32)
+    dense_ids, dense_scores = dense_seeds(q_features, node_features, seed_cfg.k0, seed_cfg.block_nodes, seed_cfg.block_queries)
+    if seed_cfg.strategy == AUTO_STRATEGY:
+        linked = EntityLinker(kg, seed_cfg).link(texts)
+        with_entities, _ = select_seeds(dataclasses.replace(seed_cfg, strategy="dense+entity"), dense_ids, dense_scores, linked)
+        dense_only, _ = select_seeds(dataclasses.replace(seed_cfg, strategy="dense"), dense_ids, dense_scores, None)
+        r_entity, r_dense = reach(paths_from(with_entities, max_hops)), reach(paths_from(dense_only, max_hops))
+        named = float(np.mean([len(x) > 0 for x in linked]))
+        strategy = "dense+entity" if r_entity >= r_dense else "dense"
+        seeds = with_entities if strategy == "dense+entity" else dense_only
+        lines.append(
+            f"auto: seed.strategy={strategy} (an answer within {max_hops} hops for {r_entity:.2f} of {num_q:,} training "
+            f"questions from entity-linked seeds, {r_dense:.2f} from dense seeds; {named:.2f} name a node)"
+        )
+        seed_cfg = dataclasses.replace(seed_cfg, strategy=strategy)
+    else:
+        linked = None
+        if seed_cfg.strategy in ("entity", "dense+entity"):
+            linked = EntityLinker(kg, seed_cfg).link(texts)
+        elif seed_cfg.strategy == "given":
+            from seeder.retrieve.seeds import given_seeds
+
+            linked = given_seeds(kg, ids, seed_cfg.given_attribute)
+        strategy = {"given": "dense+entity", "bm25": "dense", "hybrid": "dense"}.get(seed_cfg.strategy, seed_cfg.strategy)
+        seeds, _ = select_seeds(dataclasses.replace(seed_cfg, strategy=strategy), dense_ids, dense_scores, linked)
+
+    found = paths_from(seeds, max_hops, every=True)
+    best_q, best_code, best_len = _best_paths(found, 2 * kg.num_relations)
+    share = len(best_q) / num_q
+    hops = expand.hops
+    if hops == 0:
+        if len(best_len):
+            counts = np.bincount(best_len, minlength=MAX_HOPS + 1)[1:]
+            cumulative = np.cumsum(counts) / counts.sum()
+            hops = int(np.searchsorted(cumulative, COVER - 1e-9) + 1)
+            dist = ", ".join(f"{h + 1} hop{'s' if h else ''} {c / counts.sum():.2f}" for h, c in enumerate(counts))
+            lines.append(f"auto: expand.hops={hops} (the best relation path of {COVER:.0%} of the training questions "
+                         f"that have one has at most {hops}; {dist})")
+        else:
+            hops = 2
+            lines.append("auto: expand.hops=2 (no training question has an answer within "
+                         f"{MAX_HOPS} hops of its seeds: the paper's default)")
+    keep = list(expand.keep_per_hop)
+    if not keep or len(keep) != hops:
+        on_path = _nodes_on_best_paths(found, best_q, best_code, best_len, hops, 2 * kg.num_relations)
+        keep = _split(expand.budget - seed_cfg.k0, on_path)
+        lines.append(f"auto: expand.keep_per_hop={keep} (budget {expand.budget} less {seed_cfg.k0} seeds, split as the "
+                     f"nodes the training questions' best paths reach per hop: "
+                     f"{' / '.join(f'{x:.1f}' for x in on_path)})")
+    score = expand.relation_score
+    if score == AUTO_RELATION_SCORE:
+        score = "learned" if share >= MIN_PATH_SHARE else "cosine"
+        lines.append(f"auto: expand.relation_score={score} ({share:.2f} of the training questions have a golden "
+                     f"relation path; the prior is learnt from them when at least {MIN_PATH_SHARE:.2f} do)")
+    resolved = dataclasses.replace(
+        config, seed=seed_cfg, expand=dataclasses.replace(expand, hops=hops, keep_per_hop=keep, relation_score=score)
+    )
+    return resolved, lines
+
+
+def _nodes_on_best_paths(found, best_q, best_code, best_len, hops: int, num_ids: int) -> np.ndarray:
+    """Mean number of nodes that each hop's prefix of the questions' best paths reaches (hops 1..K)."""
+    out = np.zeros(hops)
+    if len(best_q) == 0:
+        return np.ones(hops)
+    keys = found["query"].astype(np.int64), found["code"]
+    order = np.lexsort((keys[1], keys[0]))
+    fq, fc, fr = keys[0][order], keys[1][order], found["reached"][order]
+    for h in range(1, hops + 1):
+        long_enough = best_len >= h
+        prefix = best_code[long_enough] // num_ids ** (best_len[long_enough] - h)
+        q = best_q[long_enough]
+        # (query, code) lookup in the sorted rows of every path.
+        pos = np.searchsorted(fq * (fc.max(initial=0) + 1) + fc, q * (fc.max(initial=0) + 1) + prefix)
+        pos = np.minimum(pos, len(fq) - 1)
+        hit = (fq[pos] == q) & (fc[pos] == prefix)
+        out[h - 1] = fr[pos][hit].sum() / len(best_q)
+    return np.maximum(out, 1e-3)
+
+
+def _split(budget: int, weights: np.ndarray) -> list[int]:
+    """``budget`` split over hops in proportion to ``weights``, at least MIN_SHARE of it each."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    w = np.maximum(w, MIN_SHARE)
+    w = w / w.sum()
+    keep = np.floor(w * budget).astype(int)
+    keep[-1] += budget - keep.sum()
+    return [int(x) for x in np.maximum(keep, 1)]
