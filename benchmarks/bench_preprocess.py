@@ -132,7 +132,7 @@ def part_job(args) -> dict:
 
         shutil.rmtree(out)
     cmd = [sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset), "--out", str(out),
-           "--ray-address", "local", "embed.encoder=hash", *args.overrides]
+           "--ray-address", "local", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", *args.overrides]
     code, wall, peak, lines = run_measured(cmd)
     if code != 0:
         print("".join(lines[-40:]))

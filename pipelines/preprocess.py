@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import preprocess as pp
 from seeder.embed import EncoderUDF
-from seeder.config import ConfigError, SeederConfig, load_config, to_dict
+from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
+from seeder.derive import derive_defaults, derive_unset, needs_derivation
 from seeder.io import DataError, now, read_manifest, write_manifest
 from seeder.store import KnowledgeGraph, open_dataset
 
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Everything that can fail on bad input is checked before Ray starts.
         config = load_config(args.config, args.overrides)
+        if args.config is None:
+            config = derive_unset(config, parse_overrides(args.overrides))
         pp.check_config(config)
         kg = open_dataset(Path(args.dataset).resolve())
     except (ConfigError, DataError) as exc:
@@ -219,6 +222,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
         stage_run("features", lambda s: pp.run_features(out / "embed", s.open(), kg, config), texts, "rows",
                   f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
+        if needs_derivation(config):
+            features = out / "features"
+            config, lines = derive_defaults(kg, np.load(features / "node.npy", mmap_mode="r"), np.load(features / "query.npy"),
+                                            np.load(features / "query_ids.npy"), config)
+            for line in lines:
+                print(line, flush=True)
+            pp.check_config(config)
+            fps = pp.stage_fingerprints(config, kg.fingerprint)
+            manifest.update(config=to_dict(config), fingerprints=fps, derived=lines)
+            write_manifest(out, manifest)
         stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
                   f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
         if "paths" in fps:

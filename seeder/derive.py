@@ -3,14 +3,19 @@
 A graph imported with no config file should still get close to a tuned config. The training questions'
 golden relation paths (seeder.retrieve.paths) already say what a tuned config would choose:
 
-- ``seed.strategy: auto``: entity linking (``dense+entity``) when an answer lies within reach of the
-  linked seeds for at least as many training questions as from the dense seeds, else ``dense``;
+- ``seed.strategy: auto``: dense seeds, entity-linked seeds filled up to k0 by dense ones, or the linked
+  node alone (``k0 = 1``), whichever gives the training questions the most precise relation paths to
+  their answers (the mean F1 of each question's best golden path);
 - ``expand.hops: 0`` (auto): the fewest hops that hold the best relation path of ``COVER`` of the
   training questions that have one (paths of up to ``MAX_HOPS`` relations are searched);
 - ``expand.keep_per_hop: []`` (auto): the budget split over the hops in proportion to the nodes that
-  the training questions' best paths reach at each hop (at least ``MIN_SHARE`` of it each);
+  the training questions' best paths reach at each hop, among the questions whose path gets that far
+  (at least ``MIN_SHARE`` of it each);
 - ``expand.relation_score: auto``: ``learned`` when at least ``MIN_PATH_SHARE`` of the training questions
   have a golden path (the prior has something to learn), else the paper's ``cosine``.
+
+A config file asks for a derivation by writing these values; ``pipelines/preprocess.py`` run without
+``--config`` derives every one of them that the command line does not set (``derive_unset``).
 
 Everything reads a fixed sample of at most ``SAMPLE`` training questions (chosen by a hash of their ids)
 and their answers only; val and test answers are never read. Each choice comes with a line that says why.
@@ -34,6 +39,24 @@ AUTO_STRATEGY = "auto"
 AUTO_RELATION_SCORE = "auto"
 
 
+def derive_unset(config: SeederConfig, overrides: dict) -> SeederConfig:
+    """With no config file: mark for derivation every derivable field the command line does not set
+    (``expand.keep_per_hop`` given alone fixes ``expand.hops`` to its length)."""
+    seed_given = overrides.get("seed", {})
+    expand_given = overrides.get("expand", {})
+    seed = config.seed if "strategy" in seed_given else dataclasses.replace(config.seed, strategy=AUTO_STRATEGY)
+    expand = config.expand
+    if "keep_per_hop" not in expand_given:
+        expand = dataclasses.replace(expand, keep_per_hop=[])
+        if "hops" not in expand_given:
+            expand = dataclasses.replace(expand, hops=0)
+    elif "hops" not in expand_given:
+        expand = dataclasses.replace(expand, hops=len(expand.keep_per_hop))
+    if "relation_score" not in expand_given:
+        expand = dataclasses.replace(expand, relation_score=AUTO_RELATION_SCORE)
+    return dataclasses.replace(config, seed=seed, expand=expand)
+
+
 def needs_derivation(config: SeederConfig) -> bool:
     e = config.expand
     return config.seed.strategy == AUTO_STRATEGY or e.hops == 0 or not e.keep_per_hop or e.relation_score == AUTO_RELATION_SCORE
@@ -52,6 +75,21 @@ def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(col).to_numpy(zero_copy_only=False))]).astype(np.int64)
     answers = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
     return ids, ptr, answers, train.column("text").to_pylist()
+
+
+def mean_best_f1(found: dict[str, np.ndarray], num_q: int, num_ids: int) -> float:
+    """Mean over the sampled questions of their best golden path's F1 (0 without one)."""
+    from seeder.retrieve.prior import path_targets
+
+    good = found["hits"] > 0
+    q = found["query"][good]
+    if len(q) == 0:
+        return 0.0
+    _, _, f1 = path_targets(q, found["code"][good], found["hits"][good], found["reached"][good],
+                            found["answers_of"][good], 1.0, num_ids)
+    best = np.zeros(num_q)
+    np.maximum.at(best, q, f1)
+    return float(best.mean())
 
 
 def _best_paths(found: dict[str, np.ndarray], num_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -90,9 +128,6 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
         found["answers_of"] = np.diff(ptr)[found["query"]]
         return found
 
-    def reach(found: dict[str, np.ndarray]) -> float:
-        return len(np.unique(found["query"][found["hits"] > 0])) / max(num_q, 1)
-
     if num_q == 0:
         resolved_seed = dataclasses.replace(seed_cfg, strategy="dense") if seed_cfg.strategy == AUTO_STRATEGY else seed_cfg
         hops = expand.hops or 2
@@ -107,17 +142,25 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
     dense_ids, dense_scores = dense_seeds(q_features, node_features, seed_cfg.k0, seed_cfg.block_nodes, seed_cfg.block_queries)
     if seed_cfg.strategy == AUTO_STRATEGY:
         linked = EntityLinker(kg, seed_cfg).link(texts)
-        with_entities, _ = select_seeds(dataclasses.replace(seed_cfg, strategy="dense+entity"), dense_ids, dense_scores, linked)
-        dense_only, _ = select_seeds(dataclasses.replace(seed_cfg, strategy="dense"), dense_ids, dense_scores, None)
-        r_entity, r_dense = reach(paths_from(with_entities, max_hops)), reach(paths_from(dense_only, max_hops))
         named = float(np.mean([len(x) > 0 for x in linked]))
-        strategy = "dense+entity" if r_entity >= r_dense else "dense"
-        seeds = with_entities if strategy == "dense+entity" else dense_only
-        lines.append(
-            f"auto: seed.strategy={strategy} (an answer within {max_hops} hops for {r_entity:.2f} of {num_q:,} training "
-            f"questions from entity-linked seeds, {r_dense:.2f} from dense seeds; {named:.2f} name a node)"
-        )
-        seed_cfg = dataclasses.replace(seed_cfg, strategy=strategy)
+        # Candidates: dense seeds, linked-then-dense seeds, and the linked node alone (dense fills in
+        # where none is named). The one whose best golden paths are most precise wins: extra seeds
+        # reach more answers only by reaching many more non-answers.
+        candidates = {
+            ("dense", seed_cfg.k0): None,
+            ("dense+entity", seed_cfg.k0): linked,
+            ("dense+entity", 1): linked,
+        }
+        scores = {}
+        for (strategy, k0), links in candidates.items():
+            trial = dataclasses.replace(seed_cfg, strategy=strategy, k0=k0)
+            seeds_k, _ = select_seeds(trial, dense_ids[:, :k0], dense_scores[:, :k0], links)
+            scores[(strategy, k0)] = (mean_best_f1(paths_from(seeds_k, max_hops), num_q, 2 * kg.num_relations), seeds_k)
+        (strategy, k0), (f1, seeds) = max(scores.items(), key=lambda kv: (kv[1][0] + 1e-9 * (kv[0][1] == 1), -kv[0][1]))
+        shown = ", ".join(f"{s} k0={k}: {v[0]:.2f}" for (s, k), v in scores.items())
+        lines.append(f"auto: seed.strategy={strategy} seed.k0={k0} (mean F1 of the training questions' best relation "
+                     f"path within {max_hops} hops from the seeds: {shown}; {named:.2f} of {num_q:,} questions name a node)")
+        seed_cfg = dataclasses.replace(seed_cfg, strategy=strategy, k0=k0)
     else:
         linked = None
         if seed_cfg.strategy in ("entity", "dense+entity"):
@@ -164,7 +207,8 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
 
 
 def _nodes_on_best_paths(found, best_q, best_code, best_len, hops: int, num_ids: int) -> np.ndarray:
-    """Mean number of nodes that each hop's prefix of the questions' best paths reaches (hops 1..K)."""
+    """Per hop h = 1..K, the mean number of nodes that the questions' best paths reach at hop h, over
+    the questions whose best path has at least h hops (what hop h's share of the budget must hold)."""
     out = np.zeros(hops)
     if len(best_q) == 0:
         return np.ones(hops)
@@ -179,7 +223,7 @@ def _nodes_on_best_paths(found, best_q, best_code, best_len, hops: int, num_ids:
         pos = np.searchsorted(fq * (fc.max(initial=0) + 1) + fc, q * (fc.max(initial=0) + 1) + prefix)
         pos = np.minimum(pos, len(fq) - 1)
         hit = (fq[pos] == q) & (fc[pos] == prefix)
-        out[h - 1] = fr[pos][hit].sum() / len(best_q)
+        out[h - 1] = fr[pos][hit].sum() / max(int(long_enough.sum()), 1)
     return np.maximum(out, 1e-3)
 
 

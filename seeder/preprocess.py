@@ -104,14 +104,16 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"reduce.fit_sample must be positive, got {r.fit_sample}")
     if s.k0 <= 0:
         raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
-    if s.strategy not in SEED_STRATEGIES:
-        raise ConfigError(f"seed.strategy={s.strategy!r}: use one of {', '.join(SEED_STRATEGIES)}")
+    if s.strategy not in (*SEED_STRATEGIES, "auto"):
+        raise ConfigError(f"seed.strategy={s.strategy!r}: use one of {', '.join(SEED_STRATEGIES)} or auto")
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
-    if x.hops <= 0 or len(x.keep_per_hop) != x.hops:
+    derived = (x.hops == 0 and not x.keep_per_hop) or (x.hops > 0 and not x.keep_per_hop)
+    if x.hops < 0 or (not derived and len(x.keep_per_hop) != x.hops):
         raise ConfigError(
             f"expand.keep_per_hop={x.keep_per_hop} needs one entry per hop (expand.hops={x.hops}); "
-            f"for example expand.keep_per_hop=[60,140] with expand.hops=2"
+            f"for example expand.keep_per_hop=[60,140] with expand.hops=2 (or expand.hops=0 and "
+            f"expand.keep_per_hop=[] to derive both from the training split)"
         )
     from seeder.retrieve.khop import RELATION_SCORES
     from seeder.retrieve.prior import PRIOR_MODELS

@@ -20,7 +20,7 @@ from tests.datasets import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 PREPROCESS = REPO / "pipelines" / "preprocess.py"
-OVERRIDES = ["embed.encoder=hash", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
+OVERRIDES = ["embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
 METHODS = "dense,khop,ppr,bm25"
 
 

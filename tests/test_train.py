@@ -145,7 +145,7 @@ def test_seeder_retrieve_returns_the_answer_of_a_trained_model(tmp_path):
                  "--queries", "300", "--max-path-length", "1", "--hubs", "0", "--multi-answer-frac", "0"])
     assert done.returncode == 0, done.stderr
     done = _run([sys.executable, str(repo / "pipelines" / "preprocess.py"), "--dataset", str(tmp_path / "syn"),
-                 "--out", str(tmp_path / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1", "seed.strategy=dense+entity", "reduce.dim=32",
+                 "--out", str(tmp_path / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1", "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32",
                  "expand.budget=60", "expand.keep_per_hop=[30,30]"])
     assert done.returncode == 0, done.stderr[-3000:]
     done = _run([sys.executable, "-m", "seeder.train", "--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "run"),

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "preprocess.py"
 # Small shards and blocks so that a tiny graph still has several of each (resume granularity).
 FLAGS = ["--shard-rows", "100", "--query-block", "10"]
-OVERRIDES = ["embed.encoder=hash", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
+OVERRIDES = ["embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
 STAGE_NAMES = ("embed", "features", "seeds", "subgraphs")
 
 

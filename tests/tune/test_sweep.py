@@ -66,7 +66,7 @@ def artifacts(tmp_path_factory):
     dataset = write_tiny_graph(root / "ds")
     out = root / "art"
     proc = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
-                           "--out", str(out), "--ray-address", "local", "embed.encoder=hash", "embed.hash_dim=32",
+                           "--out", str(out), "--ray-address", "local", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", "embed.hash_dim=32",
                            "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
                           env=ENV, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,66 @@
+"""Defaults derived from the training split (seeder.derive), on a synthetic graph with 3-hop questions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+
+from seeder.config import SeederConfig, SynthConfig
+from seeder.derive import derive_defaults, derive_unset, needs_derivation
+from seeder.store import open_dataset, write_dataset
+from seeder.synth import generate
+
+
+def _graph(tmp_path, name="g", mangle_held_out=False):
+    nodes, relations, edges, queries = generate(SynthConfig(nodes=400, relations=4, max_path_length=3, queries=900,
+                                                            hubs=0, multi_answer_frac=0.0, seed=1))
+    if mangle_held_out:
+        held_out = np.asarray(queries.column("split").to_pylist()) != "train"
+        answers = [[0] if h else a for a, h in zip(queries.column("answers").to_pylist(), held_out)]
+        queries = queries.set_column(queries.column_names.index("answers"), "answers",
+                                     pa.array(answers, queries.schema.field("answers").type))
+    return open_dataset(write_dataset(tmp_path / name, nodes, relations, edges, queries))
+
+
+def _features(kg, seed=0):
+    rng = np.random.default_rng(seed)
+    nf = rng.normal(size=(kg.num_nodes, 8)).astype(np.float32)
+    qf = rng.normal(size=(kg.queries.num_rows, 8)).astype(np.float32)
+    return nf / np.linalg.norm(nf, axis=1, keepdims=True), qf / np.linalg.norm(qf, axis=1, keepdims=True)
+
+
+def test_derivation_reads_the_questions_needs_and_only_training_answers(tmp_path):
+    kg = _graph(tmp_path)
+    nf, qf = _features(kg)
+    ids = np.sort(kg.queries.column("id").to_numpy())
+    config = derive_unset(SeederConfig(), {})
+    assert needs_derivation(config)
+    resolved, lines = derive_defaults(kg, nf, qf, ids, config)
+    # Questions name their start node verbatim, dense seeds (random features here) do not find it.
+    assert resolved.seed.strategy == "dense+entity"
+    assert resolved.expand.hops == 3  # a third of the questions need three relations
+    assert len(resolved.expand.keep_per_hop) == 3
+    assert sum(resolved.expand.keep_per_hop) == resolved.expand.budget - resolved.seed.k0
+    # Every hop's path holds one node on a graph of permutations: an even split.
+    assert max(resolved.expand.keep_per_hop) - min(resolved.expand.keep_per_hop) <= 2
+    assert resolved.expand.relation_score == "learned"
+    assert not needs_derivation(resolved)
+    assert len(lines) == 4 and all(line.startswith("auto: ") for line in lines)
+    # Val and test answers are never read.
+    other = _graph(tmp_path, "mangled", mangle_held_out=True)
+    again, _ = derive_defaults(other, nf, qf, ids, config)
+    assert again == resolved
+
+
+def test_the_command_line_overrides_a_derivation(tmp_path):
+    kg = _graph(tmp_path)
+    nf, qf = _features(kg)
+    ids = np.sort(kg.queries.column("id").to_numpy())
+    base = dataclasses.replace(SeederConfig(), expand=dataclasses.replace(SeederConfig().expand, keep_per_hop=[50, 150]))
+    config = derive_unset(base, {"expand": {"keep_per_hop": [50, 150], "relation_score": "cosine"}, "seed": {"strategy": "dense"}})
+    assert config.expand.hops == 2 and config.expand.relation_score == "cosine" and config.seed.strategy == "dense"
+    assert not needs_derivation(config)
+    resolved, lines = derive_defaults(kg, nf, qf, ids, config)
+    assert resolved == config and lines == []
