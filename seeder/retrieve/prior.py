@@ -333,9 +333,8 @@ def train_prior(
     rows = np.unique(query)
     row_of = np.full(len(inputs), -1, np.int64)
     row_of[rows] = np.arange(len(rows))
-    targets = np.zeros((len(rows), len(vocab)), dtype=np.float32)
-    np.add.at(targets, (row_of[query], slot), weight)
-    targets /= targets.sum(axis=1, keepdims=True)
+    # Which (question, vocabulary path) pairs are targets, for the held-out accuracy below.
+    target_keys = np.unique(row_of[query] * len(vocab) + slot)
     if cfg.model == "hops":
         # Per hop h: the weight of target paths with relation r at hop h, or that stopped before h.
         stop = num_relation_ids
@@ -355,7 +354,10 @@ def train_prior(
         fit_targets = np.concatenate([hop_targets, bag_targets[:, None, :]], axis=1).reshape(len(rows), -1)
         out_width = (max_length + 1) * (stop + 1)
     else:
-        fit_targets, out_width = targets, len(vocab)
+        fit_targets = np.zeros((len(rows), len(vocab)), dtype=np.float32)  # a small vocabulary of seen paths
+        np.add.at(fit_targets, (row_of[query], slot), weight)
+        fit_targets /= fit_targets.sum(axis=1, keepdims=True)
+        out_width = len(vocab)
     x = np.asarray(inputs[rows], dtype=np.float32)
     held = holdout_mask(query_ids[rows], cfg.holdout_fraction)
     if held.all() or not held.any():
@@ -404,7 +406,9 @@ def train_prior(
     )
     # Held-out accuracy: the predicted path (as used, seeds' profile applied) is one of the question's targets.
     top = prior.probs(x[held]).argmax(axis=1)
-    hit = targets[held][np.arange(len(top)), top] > 0
+    held_rows = np.flatnonzero(held)
+    wanted = held_rows * len(vocab) + top
+    hit = target_keys[np.minimum(np.searchsorted(target_keys, wanted), len(target_keys) - 1)] == wanted
     info = {
         "vocab_size": int(len(vocab)),
         "questions": int(len(rows)),
