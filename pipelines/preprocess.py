@@ -97,52 +97,26 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows)}
 
 
-def run_subgraphs(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path) -> dict:
-    query_ids = np.load(out / "features" / "query_ids.npy")
+def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, kg: KnowledgeGraph, config: SeederConfig, args,
+                     out: Path) -> dict:
+    """One Ray task per block of queries, each writing its own shard; a rerun keeps finished shards."""
     blocks = pp.query_blocks(query_ids, args.query_block)
     work = stage.open({"query_block": args.query_block})
     todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
     if len(todo) < len(blocks):
-        print(f"subgraphs: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
+        print(f"{stage.name}: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
     if todo:
-        expand = ray.remote(num_cpus=1)(pp.expand_block)
+        remote = ray.remote(num_cpus=1)(task)
         config_dict = to_dict(config)
-        futures = [
-            expand.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo
-        ]
+        futures = [remote.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo]
         done = 0
         while futures:
             ready, futures = ray.wait(futures, num_returns=1)
             result = ray.get(ready[0])
             done += 1
-            print(f"subgraphs: block {result['block']} ({result['queries']} queries, {result['seconds']:.1f} s), "
+            print(f"{stage.name}: block {result['block']} ({result['queries']} queries, {result['seconds']:.1f} s), "
                   f"{done}/{len(todo)} done", flush=True)
-            pp.maybe_stop_for_test("subgraphs", done)
-    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
-
-
-def run_paths(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path) -> dict:
-    """Golden relation paths of the training questions, a block of queries per Ray task."""
-    query_ids = pp.train_query_ids(kg)
-    blocks = pp.query_blocks(query_ids, args.query_block)
-    work = stage.open({"query_block": args.query_block})
-    todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
-    if len(todo) < len(blocks):
-        print(f"paths: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
-    rows = 0
-    if todo:
-        search = ray.remote(num_cpus=1)(pp.paths_block)
-        config_dict = to_dict(config)
-        futures = [search.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo]
-        done = 0
-        while futures:
-            ready, futures = ray.wait(futures, num_returns=1)
-            result = ray.get(ready[0])
-            done += 1
-            rows += result["paths"]
-            print(f"paths: block {result['block']} ({result['queries']} queries, {result['paths']:,} paths, "
-                  f"{result['seconds']:.1f} s), {done}/{len(todo)} done", flush=True)
-            pp.maybe_stop_for_test("paths", done)
+            pp.maybe_stop_for_test(stage.name, done)
     return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
 
 
@@ -236,13 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
         if "paths" in fps:
             train_count = len(pp.train_query_ids(kg))
-            stage_run("paths", lambda s: run_paths(need_ray(), s, kg, config, args, out), train_count, "queries",
+            stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), kg,
+                                                          config, args, out), train_count, "queries",
                       f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
             stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
                       "relation-path prior fitted")
             for line in pp.path_summary(out, kg):
                 print(line)
-        stage_run("subgraphs", lambda s: run_subgraphs(need_ray(), s, kg, config, args, out), counts["queries"],
+        stage_run("subgraphs", lambda s: run_query_blocks(need_ray(), s, pp.expand_block,
+                                                          np.load(out / "features" / "query_ids.npy"), kg, config, args, out),
+                  counts["queries"],
                   "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
     except (ConfigError, DataError) as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import pyarrow.compute as pc
 
 from seeder.config import SeederConfig
 
@@ -71,40 +70,25 @@ def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
         keep = np.sort(np.argsort(h, kind="stable")[:SAMPLE])
         train = train.take(keep)
         ids = ids[keep]
-    col = train.column("answers").combine_chunks()
-    ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(col).to_numpy(zero_copy_only=False))]).astype(np.int64)
-    answers = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    from seeder.preprocess import answer_csr
+
+    ptr, answers = answer_csr(train)
     return ids, ptr, answers, train.column("text").to_pylist()
 
 
-def mean_best_f1(found: dict[str, np.ndarray], num_q: int, num_ids: int) -> float:
-    """Mean over the sampled questions of their best golden path's F1 (0 without one)."""
-    from seeder.retrieve.prior import path_targets
-
-    good = found["hits"] > 0
-    q = found["query"][good]
-    if len(q) == 0:
-        return 0.0
-    _, _, f1 = path_targets(q, found["code"][good], found["hits"][good], found["reached"][good],
-                            found["answers_of"][good], 1.0, num_ids)
-    best = np.zeros(num_q)
-    np.maximum.at(best, q, f1)
-    return float(best.mean())
-
-
-def _best_paths(found: dict[str, np.ndarray], num_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per query with a golden path: (query, code, length) of its best path by F1, shorter first on ties."""
+def _best_paths(found: dict[str, np.ndarray], num_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per query with a golden path: (query, code, length, F1) of its best path by F1, shorter first on ties."""
     from seeder.retrieve.prior import path_targets
 
     good = found["hits"] > 0
     q, code, length = found["query"][good], found["code"][good], found["length"][good].astype(np.int64)
     if len(q) == 0:
-        return q, code, length
+        return q, code, length, np.zeros(0)
     _, _, f1 = path_targets(q, code, found["hits"][good], found["reached"][good], found["answers_of"][good], 1.0, num_ids)
     order = np.lexsort((length, -f1, q))
     first = np.r_[True, q[order][1:] != q[order][:-1]]
     pick = order[first]
-    return q[pick], code[pick], length[pick]
+    return q[pick], code[pick], length[pick], f1[pick]
 
 
 def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, query_ids: np.ndarray,
@@ -155,7 +139,9 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
         for (strategy, k0), links in candidates.items():
             trial = dataclasses.replace(seed_cfg, strategy=strategy, k0=k0)
             seeds_k, _ = select_seeds(trial, dense_ids[:, :k0], dense_scores[:, :k0], links)
-            scores[(strategy, k0)] = (mean_best_f1(paths_from(seeds_k, max_hops), num_q, 2 * kg.num_relations), seeds_k)
+            # Mean over the sampled questions of their best path's F1 (0 without one).
+            best_f1 = _best_paths(paths_from(seeds_k, max_hops), 2 * kg.num_relations)[3].sum() / num_q
+            scores[(strategy, k0)] = (float(best_f1), seeds_k)
         (strategy, k0), (f1, seeds) = max(scores.items(), key=lambda kv: (kv[1][0] + 1e-9 * (kv[0][1] == 1), -kv[0][1]))
         shown = ", ".join(f"{s} k0={k}: {v[0]:.2f}" for (s, k), v in scores.items())
         lines.append(f"auto: seed.strategy={strategy} seed.k0={k0} (mean F1 of the training questions' best relation "
@@ -173,7 +159,7 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
         seeds, _ = select_seeds(dataclasses.replace(seed_cfg, strategy=strategy), dense_ids, dense_scores, linked)
 
     found = paths_from(seeds, max_hops, every=True)
-    best_q, best_code, best_len = _best_paths(found, 2 * kg.num_relations)
+    best_q, best_code, best_len, _ = _best_paths(found, 2 * kg.num_relations)
     share = len(best_q) / num_q
     hops = expand.hops
     if hops == 0:

@@ -108,8 +108,8 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"seed.strategy={s.strategy!r}: use one of {', '.join(SEED_STRATEGIES)} or auto")
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
-    derived = (x.hops == 0 and not x.keep_per_hop) or (x.hops > 0 and not x.keep_per_hop)
-    if x.hops < 0 or (not derived and len(x.keep_per_hop) != x.hops):
+    # An empty keep_per_hop is derived from the training split (seeder.derive), with hops or without.
+    if x.hops < 0 or (x.keep_per_hop and len(x.keep_per_hop) != x.hops):
         raise ConfigError(
             f"expand.keep_per_hop={x.keep_per_hop} needs one entry per hop (expand.hops={x.hops}); "
             f"for example expand.keep_per_hop=[60,140] with expand.hops=2 (or expand.hops=0 and "
@@ -449,6 +449,14 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
 # Golden paths and prior stages (expand.relation_score: learned)
 
 
+def answer_csr(queries: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The ``answers`` list column of a queries table as (answer_ptr int64 [Q+1], answers int64)."""
+    col = queries.column("answers").combine_chunks()
+    counts = pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return ptr, pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def train_query_ids(kg: KnowledgeGraph) -> np.ndarray:
     """Ids of the training questions, ascending: the only questions whose answers these stages read."""
     return np.sort(kg.queries_of("train").column("id").to_numpy())
@@ -468,10 +476,8 @@ def paths_block(dataset: str, artifacts: str, out_dir: str, block: int, query_id
     picked = queries.take(pa.array(np.searchsorted(queries.column("id").to_numpy(), query_ids)))
     if set(picked.column("split").to_pylist()) - {"train"}:
         raise ValueError("golden paths read training answers only")
-    answers_col = picked.column("answers").combine_chunks()
-    counts = pc.list_value_length(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
-    answer_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    answers = pc.list_flatten(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    answer_ptr, answers = answer_csr(picked)
+    counts = np.diff(answer_ptr)
     found = golden_paths_batched(kg, seeds, answer_ptr, answers, cfg.expand.hops, cfg.prior)
     table = pa.table(
         {
@@ -594,9 +600,7 @@ def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_i
     queries = _query_table(dataset)
     q_rows = np.searchsorted(queries.column("id").to_numpy(), query_ids)
     picked = queries.take(pa.array(q_rows))
-    answers_col = picked.column("answers").combine_chunks()
-    answer_ptr = np.concatenate([[0], np.cumsum(pc.list_value_length(answers_col).to_numpy(zero_copy_only=False))]).astype(np.int64)
-    answers = pc.list_flatten(answers_col).to_numpy(zero_copy_only=False).astype(np.int64)
+    answer_ptr, answers = answer_csr(picked)
     splits = np.asarray(picked.column("split").to_pylist(), dtype=object)
     prior = _prior(str(artifacts_path / "prior")) if cfg.expand.relation_score == "learned" else None
     subgraphs = expand_queries(

@@ -263,7 +263,6 @@ def expand_batch(
     carry_edge = np.zeros(0, np.float32)  # their best w2 sim(q,v) + w3 sim(q,r) so far
     carry_sim = np.zeros(0, np.float32)  # their sim(q,u)
     src_trie = np.zeros(len(q), np.int64)  # learned: trie node of each source's path (seeds: the root)
-    carry_trie = np.zeros(0, np.int64)
     for h in range(1, cfg.hops + 1):
         # Gather capped CSR slices of the sources (sources sorted by query, best first).
         start = graph.indptr[src_node]
@@ -297,7 +296,8 @@ def expand_batch(
         all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
         if learned:
             # Best edge first within each key, so the first row also names the best path's trie node.
-            all_trie = np.concatenate([carry_trie, child[fresh]])
+            # (Nothing is carried in this mode, see below.)
+            all_trie = child[fresh]
             order = np.lexsort((all_trie, -all_edge, all_keys))
             all_trie = all_trie[order]
         else:
@@ -333,15 +333,14 @@ def expand_batch(
         sel_count += np.bincount(uq[chosen], minlength=num_q)
         selected_keys = np.sort(np.concatenate([selected_keys, ukeys[chosen]]))
         selected_anywhere[unode[chosen]] = True
-        rest = np.ones(len(ukeys), dtype=bool)
-        rest[chosen] = False
-        carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
         if learned:
             # Path terms shrink with depth (a prefix's mass includes all its continuations), so a
-            # candidate passed over at hop h would outrank every hop h+1 candidate: drop it instead.
+            # candidate passed over at hop h would outrank every hop h+1 candidate: it is not carried.
             src_trie = best_trie[chosen]
-            carry_keys, carry_edge, carry_sim = carry_keys[:0], carry_edge[:0], carry_sim[:0]
-            carry_trie = np.zeros(0, np.int64)
+        else:
+            rest = np.ones(len(ukeys), dtype=bool)
+            rest[chosen] = False
+            carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
         src_q, src_node = uq[chosen], unode[chosen]
         src_sim = score[chosen] if cfg.parent_term == "score" else usim[chosen]
         clock("top-b")

@@ -83,11 +83,15 @@ def describe(code: int, relation_names: list[str]) -> str:
     return " -> ".join(relation_names[r] for r in decode(code, len(relation_names))) or "(seed)"
 
 
-def _ranges(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For each entry i, arange(lengths[i]) concatenated, and the entry each value belongs to."""
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return within, owner
+def sampled_slices(indptr: np.ndarray, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR positions of each node's slice, a fixed-stride sample of at most ``cap`` per node
+    (positions ``floor(j * degree / cap)``, K-HOP-WITH-FILTERING's rule), and the node index of each."""
+    start = np.asarray(indptr[nodes], dtype=np.int64)
+    degree = np.asarray(indptr[nodes + 1], dtype=np.int64) - start
+    sample = np.minimum(degree, cap)
+    owner = np.repeat(np.arange(len(nodes)), sample)
+    j = np.arange(int(sample.sum())) - np.repeat(np.cumsum(sample) - sample, sample)
+    return start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1), owner
 
 
 def _first_of_runs(*sorted_columns: np.ndarray) -> np.ndarray:
@@ -138,11 +142,7 @@ def golden_paths(
     for length in range(1, max_length + 1):
         if len(q) == 0:
             break
-        start = np.asarray(indptr[node], dtype=np.int64)
-        degree = np.asarray(indptr[node + 1], dtype=np.int64) - start
-        sample = np.minimum(degree, cfg.neighbor_cap)
-        j, owner = _ranges(sample)
-        pos = start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1)
+        pos, owner = sampled_slices(indptr, node, cfg.neighbor_cap)
         q = q[owner]
         code = code[owner] * num_ids + np.asarray(relations[pos], dtype=np.int64)
         node = np.asarray(neighbors[pos], dtype=np.int64)

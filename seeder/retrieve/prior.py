@@ -38,7 +38,7 @@ import numpy as np
 
 from seeder.config import PriorConfig
 from seeder.io import DataError
-from seeder.retrieve.paths import ROOT, path_length
+from seeder.retrieve.paths import ROOT, path_length, sampled_slices
 
 
 def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
@@ -112,13 +112,7 @@ def seed_relation_profile(indptr: np.ndarray, relations: np.ndarray, seeds: np.n
     """
     seeds = np.asarray(seeds, dtype=np.int64)
     q, col = np.nonzero(seeds >= 0)
-    node = seeds[q, col]
-    start = np.asarray(indptr[node], dtype=np.int64)
-    degree = np.asarray(indptr[node + 1], dtype=np.int64) - start
-    sample = np.minimum(degree, SEED_SAMPLE)
-    owner = np.repeat(np.arange(len(node)), sample)
-    j = np.arange(int(sample.sum())) - np.repeat(np.cumsum(sample) - sample, sample)
-    pos = start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1)
+    pos, owner = sampled_slices(indptr, seeds[q, col], SEED_SAMPLE)
     profile = np.zeros((len(seeds), num_relation_ids), dtype=np.float32)
     profile[q[owner], np.asarray(relations[pos], dtype=np.int64)] = 1.0
     return profile
