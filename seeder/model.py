@@ -81,7 +81,8 @@ class SeedERPolicy(nn.Module):
 
     Inputs are split so that a rollout pays for the expensive part once per minibatch:
     ``encode_nodes`` turns each subgraph node's text embedding, the query embedding and cheap structural
-    features (hop from the seeds, K-hop filter score) into a hidden vector once per query; every
+    features (hop from the seeds, K-hop filter score, the relation-path prior's log mass ending at the
+    node's path) into a hidden vector once per query; every
     expansion step then adds a state embedding (in the current set V_t, or frontier U_t) and runs
     ``propagate`` on the induced subgraph of V_t and U_t of every trajectory at once.
     """
@@ -96,7 +97,7 @@ class SeedERPolicy(nn.Module):
         self.query_injection = config.query_injection
         # W_q of the query injection (paper, Section 4.1).
         self.query_map = nn.Linear(feature_dim, feature_dim, bias=False)
-        structural = MAX_HOP + 2  # one-hot hop + filter score
+        structural = MAX_HOP + 3  # one-hot hop, filter score, path end
         text_in = 2 * feature_dim + 1 if config.query_injection == "concat" else feature_dim
         self.input_proj = nn.Sequential(nn.Linear(text_in + structural, hidden), nn.GELU(), nn.Linear(hidden, hidden))
         # Rollout state of a node: 0 frontier candidate, 1 seed, t + 2 added at expansion step t.
@@ -124,9 +125,18 @@ class SeedERPolicy(nn.Module):
     # -- pieces called by the rollout -------------------------------------------------------------
 
     def encode_nodes(
-        self, node_text: torch.Tensor, node_query: torch.Tensor, hop: torch.Tensor, filter_score: torch.Tensor
+        self,
+        node_text: torch.Tensor,
+        node_query: torch.Tensor,
+        hop: torch.Tensor,
+        filter_score: torch.Tensor,
+        path_end: torch.Tensor,
     ) -> torch.Tensor:
-        """[n, d] node embeddings, [n, d] their query's embedding, hop [n], filter score [n] -> [n, hidden]."""
+        """[n, d] node embeddings, [n, d] their query's embedding, hop [n], filter score [n] and path end
+        [n] (seeder.subgraphs: 0 with the cosine filter) -> [n, hidden].
+
+        The path end tells the scoring head where the predicted relation path stops, which the filter
+        score (a prefix's mass includes its continuations) blurs."""
         injected = self.query_map(node_query)
         if self.query_injection == "add":
             text = node_text + injected
@@ -134,7 +144,8 @@ class SeedERPolicy(nn.Module):
             cosine = nn.functional.cosine_similarity(node_text, node_query, dim=-1, eps=1e-8).unsqueeze(-1)
             text = torch.cat([node_text, injected, cosine], dim=-1)
         hop_onehot = nn.functional.one_hot(hop.long().clamp(0, MAX_HOP), MAX_HOP + 1).to(node_text.dtype)
-        return self.input_proj(torch.cat([text, hop_onehot, filter_score.unsqueeze(-1).to(node_text.dtype)], -1))
+        scalars = torch.stack([filter_score, path_end], -1).to(node_text.dtype)
+        return self.input_proj(torch.cat([text, hop_onehot, scalars], -1))
 
     def encode_relations(self, relation_features: torch.Tensor, query_features: torch.Tensor) -> torch.Tensor:
         """[2R, d] relation text embeddings (base, then inverses) and [B, d] queries -> [B, S, 2R, hidden]
@@ -195,6 +206,7 @@ class SeedERPolicy(nn.Module):
         node_graph: torch.Tensor,
         hop: torch.Tensor,
         filter_score: torch.Tensor,
+        path_end: torch.Tensor,
         selected: torch.Tensor,
         edge_index: torch.Tensor,
         edge_type: torch.Tensor,
@@ -204,7 +216,7 @@ class SeedERPolicy(nn.Module):
         ``node_graph[i]`` whose query is ``query_features[node_graph[i]]``; edge types are base ids
         (< 2R). Returns node embeddings, expansion logits and scores per node."""
         node_query = query_features[node_graph]
-        state = self.encode_nodes(node_text, node_query, hop, filter_score)
+        state = self.encode_nodes(node_text, node_query, hop, filter_score, path_end)
         relation_emb = self.encode_relations(relation_features, query_features)
         typed = node_graph[edge_index[1]] * relation_features.shape[0] + edge_type
         h = self.propagate(state, selected, edge_index, typed, relation_emb)

@@ -48,6 +48,7 @@ from seeder.artifacts import read_seed_table
 SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
 
 STAGE_VERSION = 1
+SUBGRAPH_VERSION = 2  # 2: the path_end column
 PRIOR_VERSION = 6  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths
 KINDS = ("node", "relation", "query")
 KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
@@ -80,7 +81,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
         fps["prior"] = fingerprint_json({"stage": "prior", "v": PRIOR_VERSION, "paths": fps["paths"], "fit": fit})
         expand["prior"] = fps["prior"]
         expand["learned_version"] = 3  # 2: passed-over candidates are not carried; 3: log path terms
-    fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": STAGE_VERSION, "seeds": fps["seeds"], "expand": expand})
+    fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": SUBGRAPH_VERSION, "seeds": fps["seeds"], "expand": expand})
     return fps
 
 

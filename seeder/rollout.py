@@ -47,6 +47,7 @@ class QueryBatch:
     node_query: torch.Tensor  # int64 [n]: query (0..B-1) of flat node i
     hop: torch.Tensor  # int64 [n]
     flat_score: torch.Tensor  # float [n]
+    path_end: torch.Tensor  # float [n]: prior's log mass ending at the node's path (0 with the cosine filter)
     query_features: torch.Tensor  # float [B, d]
     edge_query: torch.Tensor  # int64 [E2]: both directions
     edge_src: torch.Tensor  # int64 [E2], local index in the query
@@ -108,6 +109,7 @@ def make_query_batch(
         node_query=torch.from_numpy(node_query),
         hop=torch.from_numpy(subgraphs.hop.astype(np.int64)),
         flat_score=torch.from_numpy(subgraphs.score.astype(np.float32)),
+        path_end=torch.from_numpy(subgraphs.path_end.astype(np.float32)),
         query_features=torch.from_numpy(np.asarray(query_features, dtype=np.float32)),
         edge_query=torch.from_numpy(both_query),
         edge_src=torch.from_numpy(both_src),
@@ -172,7 +174,7 @@ class Rollout:
         self.width = width
         self.num_copies = num_queries * copies
         self.node_state = model.encode_nodes(
-            batch.node_text, batch.query_features[batch.node_query], batch.hop, batch.flat_score
+            batch.node_text, batch.query_features[batch.node_query], batch.hop, batch.flat_score, batch.path_end
         )  # [n, hidden], shared by every copy of a query
         device = self.device = batch.valid.device
         self.dense_to_flat = torch.full((num_queries * width,), -1, dtype=torch.long, device=device)

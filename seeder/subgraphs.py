@@ -28,6 +28,9 @@ SUBGRAPH_SCHEMA = pa.schema(
         ("hop", pa.list_(pa.int8())),  # 0 for seeds, h for nodes reached at hop h
         ("score", pa.list_(pa.float32())),  # K-HOP-WITH-FILTERING score (seeds: cosine to the query)
         ("is_answer", pa.list_(pa.bool_())),
+        # Learned filter: log prior mass of the relation paths that end at the node's path from the
+        # seed (the prior's answer signal); 0 with the cosine filter.
+        ("path_end", pa.list_(pa.float32())),
         ("edge_src", pa.list_(pa.int32())),  # local indices
         ("edge_dst", pa.list_(pa.int32())),
         ("edge_rel", pa.list_(pa.int32())),  # base relation id, 0..R-1
@@ -64,6 +67,7 @@ class SubgraphSet:
     hop: np.ndarray  # int8
     score: np.ndarray  # float32
     is_answer: np.ndarray  # bool
+    path_end: np.ndarray  # float32: log prior mass ending at the node's path (0 with the cosine filter)
     edge_ptr: np.ndarray  # int64 [Q+1]
     edge_src: np.ndarray  # int32, local
     edge_dst: np.ndarray  # int32, local
@@ -100,6 +104,7 @@ class SubgraphSet:
             hop=self.hop[node_pos],
             score=self.score[node_pos],
             is_answer=self.is_answer[node_pos],
+            path_end=self.path_end[node_pos],
             edge_ptr=edge_ptr,
             edge_src=self.edge_src[edge_pos],
             edge_dst=self.edge_dst[edge_pos],
@@ -124,6 +129,7 @@ class SubgraphSet:
             lists(self.node_ptr, self.hop, pa.int8()),
             lists(self.node_ptr, self.score, pa.float32()),
             lists(self.node_ptr, self.is_answer, pa.bool_()),
+            lists(self.node_ptr, self.path_end, pa.float32()),
             lists(self.edge_ptr, self.edge_src, pa.int32()),
             lists(self.edge_ptr, self.edge_dst, pa.int32()),
             lists(self.edge_ptr, self.edge_rel, pa.int32()),
@@ -152,6 +158,7 @@ class SubgraphSet:
             hop=flat("hop")[1].astype(np.int8, copy=False),
             score=flat("score")[1].astype(np.float32, copy=False),
             is_answer=flat("is_answer")[1].astype(bool, copy=False),
+            path_end=flat("path_end")[1].astype(np.float32, copy=False),
             edge_ptr=edge_ptr,
             edge_src=edge_src.astype(np.int32, copy=False),
             edge_dst=flat("edge_dst")[1].astype(np.int32, copy=False),

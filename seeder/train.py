@@ -546,6 +546,7 @@ def toy_task(num_queries: int = 64, nodes_per_query: int = 30, dim: int = 8, num
         hop=np.tile(hop, num_queries),
         score=rng.random(num_queries * n).astype(np.float32),
         is_answer=is_answer.reshape(-1),
+        path_end=np.zeros(num_queries * n, np.float32),
         edge_ptr=np.arange(num_queries + 1, dtype=np.int64) * edges_per_query,
         edge_src=parent.reshape(-1).astype(np.int32),
         edge_dst=np.tile(np.arange(3, n, dtype=np.int32), num_queries),

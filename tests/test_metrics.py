@@ -70,6 +70,7 @@ def test_subgraph_ceiling():
         hop=np.array([0, 1, 1, 0, 1, 0, 1, 2, 2], np.int8),
         score=np.zeros(9, np.float32),
         is_answer=np.array([0, 1, 0, 0, 0, 1, 0, 1, 0], bool),
+        path_end=np.zeros(9, np.float32),
         edge_ptr=np.zeros(4, np.int64),
         edge_src=np.zeros(0, np.int32),
         edge_dst=np.zeros(0, np.int32),

@@ -15,6 +15,7 @@ def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: in
         "node_graph": torch.zeros(num_nodes, dtype=torch.long),
         "hop": torch.randint(0, 3, (num_nodes,), generator=g),
         "filter_score": torch.rand(num_nodes, generator=g),
+        "path_end": -5 * torch.rand(num_nodes, generator=g),
         "selected": torch.rand(num_nodes, generator=g) < 0.5,
         "edge_index": torch.randint(0, num_nodes, (2, num_edges), generator=g),
         "edge_type": torch.randint(0, 2 * num_relations, (num_edges,), generator=g),
@@ -78,6 +79,14 @@ def test_edges_change_the_output(model):
     other = dict(g, edge_type=(g["edge_type"] + 1) % 6)
     _, logits_other, _ = model(**other, relation_features=RELATIONS)
     assert not torch.allclose(logits, logits_other)
+
+
+def test_the_path_end_feature_reaches_the_scores(model):
+    """The prior's ending mass is an input of the policy: changing it changes the final scores."""
+    g = graph(10, 30, 8, 3, seed=7)
+    _, _, scores = model(**g, relation_features=RELATIONS)
+    _, _, moved = model(**dict(g, path_end=g["path_end"] - 3.0), relation_features=RELATIONS)
+    assert not torch.allclose(scores, moved)
 
 
 def test_step_relations_condition_edges_on_the_source_state():

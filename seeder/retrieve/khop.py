@@ -214,22 +214,24 @@ def expand_batch(
     timings: dict[str, float] | None = None,
     path_terms: np.ndarray | None = None,
     trie_children: np.ndarray | None = None,
+    end_terms: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """K-HOP-WITH-FILTERING for one batch of queries.
 
     Returns flat arrays ordered by (query row, selection order): ``query`` (row in the batch),
-    ``nodes``, ``hop``, ``score``, ``node_ptr`` [Qb+1], and the induced edges ``edge_ptr``,
+    ``nodes``, ``hop``, ``score``, ``path_end``, ``node_ptr`` [Qb+1], and the induced edges ``edge_ptr``,
     ``edge_src``/``edge_dst`` (local indices) and ``edge_rel`` (base relation). ``timings``, when
     given, accumulates seconds per phase (for benchmarks).
 
     With ``expand.relation_score: learned``, ``path_terms`` [Qb, T] and ``trie_children`` [T, 2R] come
     from the relation-path prior (seeder.retrieve.prior): each selected node remembers the trie node of
     its best path from the seed, and the w3 term of an edge v -r-> u is the path term of
-    ``trie_children[path(v), r]`` (``OFF_PATH_TERM`` off the trie) instead of sim(q, r).
+    ``trie_children[path(v), r]`` (``OFF_PATH_TERM`` off the trie) instead of sim(q, r). A selected
+    node's ``path_end`` is ``end_terms`` [Qb, T] at its path's trie node (0 with the cosine score).
     """
     clock = _Clock(timings)
     learned = cfg.relation_score == "learned"
-    if learned and (path_terms is None or trie_children is None):
+    if learned and (path_terms is None or trie_children is None or end_terms is None):
         raise ConfigError("expand.relation_score=learned needs the relation-path prior's path terms; rerun preprocessing")
     n = graph.num_nodes
     w1, w2, w3 = (np.float32(w) for w in cfg.weights)
@@ -252,6 +254,7 @@ def expand_batch(
     q, seed_ids = q[keep], seed_ids[keep]
     sims = node_query_cosines(node_features, seed_ids, query_features, q)
     sel_q, sel_node, sel_hop, sel_score, sel_sim = [q], [seed_ids], [np.zeros(len(q), np.int8)], [sims], [sims]
+    sel_trie = [np.zeros(len(q), np.int64)]  # learned: trie node of each selected node's path (seeds: the root)
     sel_count = np.bincount(q, minlength=num_q)
     selected_keys = np.sort(q * n + seed_ids)
     selected_anywhere = np.zeros(n, dtype=bool)  # selected by some query of the batch
@@ -337,6 +340,7 @@ def expand_batch(
             # Path terms shrink with depth (a prefix's mass includes all its continuations), so a
             # candidate passed over at hop h would outrank every hop h+1 candidate: it is not carried.
             src_trie = best_trie[chosen]
+            sel_trie.append(src_trie)
         else:
             rest = np.ones(len(ukeys), dtype=bool)
             rest[chosen] = False
@@ -353,6 +357,11 @@ def expand_batch(
         "hop": np.concatenate(sel_hop)[order],
         "score": np.concatenate(sel_score)[order].astype(np.float32),
     }
+    if learned:
+        trie = np.concatenate(sel_trie)[order]
+        out["path_end"] = np.where(trie >= 0, end_terms[out["query"], np.maximum(trie, 0)], OFF_PATH_TERM).astype(np.float32)
+    else:
+        out["path_end"] = np.zeros(len(out["nodes"]), np.float32)
     out["node_ptr"] = _offsets(np.bincount(out["query"], minlength=num_q))
     out.update(induced_edges(graph, out["query"], out["nodes"], out["node_ptr"]))
     clock("induced edges")
@@ -468,17 +477,17 @@ def expand_queries(
     step = max(expand_config.batch_queries, 1)
     for lo in range(0, num_q, step):
         hi = min(lo + step, num_q)
-        terms = children = None
+        terms = ends = children = None
         if expand_config.relation_score == "learned":
             from seeder.retrieve.prior import prior_inputs, seed_relation_profile
 
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
             profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
-            terms, children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
+            (terms, ends), children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
         chunks.append(
             expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
-                         path_terms=terms, trie_children=children)
+                         path_terms=terms, trie_children=children, end_terms=ends)
         )
         if progress is not None:
             progress(hi)
@@ -501,6 +510,7 @@ def expand_queries(
         hop=cat("hop", np.int8),
         score=cat("score", np.float32),
         is_answer=_lookup(answer_keys, query_of_node * kg.num_nodes + nodes)[0],
+        path_end=cat("path_end", np.float32),
         edge_ptr=cat_ptr("edge_ptr"),
         edge_src=cat("edge_src", np.int32),
         edge_dst=cat("edge_dst", np.int32),

@@ -22,7 +22,9 @@ idea in its smallest form:
   mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
   from a node on prefix t by relation r takes the path term of t + r: it inherits its path from its
   parent, so nodes on the predicted path outrank a hub's neighbourhood, and nodes where a likely path
-  ends score highest.
+  ends score highest. The log mass *ending* at a node's path is kept beside the subgraph
+  (``path_end``) as a node feature of the policy: it marks where the predicted path stops, which the
+  filter's path term (a prefix's mass includes all its continuations) does not.
 
 Weights are plain arrays (``prior.npz``) beside a JSON description; inference is numpy.
 """
@@ -155,8 +157,9 @@ class PathTrie:
     def num_nodes(self) -> int:
         return len(self.codes)
 
-    def path_terms(self, probs: np.ndarray) -> np.ndarray:
-        """[Q, V] path probabilities -> [Q, T] path term: mass of paths through t, plus mass ending at t."""
+    def path_terms(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[Q, V] path probabilities -> ([Q, T] path term: mass of paths through t plus mass ending at
+        t, [Q, T] mass ending at t)."""
         num_q = len(probs)
         through = np.zeros((self.num_nodes, num_q), dtype=np.float32)  # node-major for add.at on rows
         np.add.at(through, self.vocab_node, probs.T.astype(np.float32))
@@ -167,7 +170,7 @@ class PathTrie:
         for level in range(int(lengths.max(initial=0)), 0, -1):
             nodes = np.flatnonzero(lengths == level)
             np.add.at(through, parent[nodes], through[nodes])
-        return (through + ending).T
+        return (through + ending).T, ending.T
 
 
 PRIOR_MODELS = ("hops", "path")
@@ -254,12 +257,15 @@ class RelationPathPrior:
             levels.append(prefix * stop)
         return np.concatenate(levels, axis=1)
 
-    def path_terms(self, inputs: np.ndarray) -> np.ndarray:
-        """[Q, T] log of (mass through + mass ending at) each trie node, floored at ``OFF_PATH_TERM``.
+    def path_terms(self, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[Q, T] log of (mass through + mass ending at) each trie node, and [Q, T] log of the mass
+        ending at it, both floored at ``OFF_PATH_TERM``.
 
         In log space, so that the term compares paths by ratios and is not drowned by the filter's
-        cosine terms when the mass is spread over many paths."""
-        return np.log(np.maximum(self.trie.path_terms(self.probs(inputs)), MASS_FLOOR)).astype(np.float32)
+        cosine terms when the mass is spread over many paths. The first steers the filter; the second
+        says how likely a node at the end of that path is an answer, a feature of the policy."""
+        path, ending = self.trie.path_terms(self.probs(inputs))
+        return tuple(np.log(np.maximum(x, MASS_FLOOR)).astype(np.float32) for x in (path, ending))
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)

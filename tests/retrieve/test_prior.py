@@ -45,8 +45,10 @@ def test_path_terms_are_mass_through_plus_mass_ending_at_each_prefix():
     vocab = np.array([a, ab, ac, d])
     trie = PathTrie.build(vocab, base)
     probs = np.array([[0.1, 0.5, 0.3, 0.1]], np.float32)
-    terms = trie.path_terms(probs)[0]
+    terms, ending = (x[0] for x in trie.path_terms(probs))
     at = {int(c): float(v) for c, v in zip(trie.codes, terms)}
+    ends = {int(c): float(v) for c, v in zip(trie.codes, ending)}
+    assert ends[ROOT] == 0 and ends[a] == pytest.approx(0.1) and ends[ab] == pytest.approx(0.5)
     assert at[ROOT] == pytest.approx(1.0)
     assert at[a] == pytest.approx(0.9 + 0.1)  # through a: a, ab, ac; ending at a: 0.1
     assert at[ab] == pytest.approx(0.5 + 0.5)
@@ -71,7 +73,8 @@ def test_the_prior_learns_which_path_a_question_asks_for(tmp_path):
     assert np.mean(top == types[kind]) > 0.95
     prior.save(tmp_path)
     again = RelationPathPrior.load(tmp_path)
-    np.testing.assert_allclose(again.path_terms(features[:5]), prior.path_terms(features[:5]), rtol=1e-6)
+    for loaded, trained in zip(again.path_terms(features[:5]), prior.path_terms(features[:5])):
+        np.testing.assert_allclose(loaded, trained, rtol=1e-6)
 
 
 def _order_graph(num_seeds: int):
@@ -142,11 +145,16 @@ def test_learned_filter_beats_cosine_when_only_relation_order_differs():
         sub = expand_queries(kg, node_features, relation_features, query_features, seeds[:, None], np.zeros((80, 1)),
                              cfg, np.arange(80), np.array(["x"] * 80, object), answer_ptr, flat_answers, prior=prior)
         held_out = np.repeat(np.arange(80), sub.sizes) >= 60
-        return sub.is_answer[held_out].sum() / (answer_ptr[80] - answer_ptr[60])  # recall, 20 held-out queries
+        return sub.is_answer[held_out].sum() / (answer_ptr[80] - answer_ptr[60]), sub, held_out  # recall, 20 held-out
 
-    learned, cosine = ceiling("learned"), ceiling("cosine")
+    (learned, sub, held_out), (cosine, cosine_sub, _) = ceiling("learned"), ceiling("cosine")
     assert learned == pytest.approx(1.0)
     assert cosine < 0.75
+    # The policy's path-end feature: the prior's ending mass separates the answers from the rest of the
+    # subgraph (seeds and hop-1 nodes lie on a prefix, not at a path's end); 0 with the cosine filter.
+    ends = sub.path_end[held_out]
+    assert ends[sub.is_answer[held_out]].min() > ends[~sub.is_answer[held_out]].max()
+    assert not cosine_sub.path_end.any()
     with pytest.raises(ConfigError, match="relation-path prior"):
         expand_queries(kg, node_features, relation_features, query_features, seeds[:, None], np.zeros((80, 1)),
                        ExpandConfig(budget=11, hops=2, keep_per_hop=[4, 6], relation_score="learned"), np.arange(80),
