@@ -61,7 +61,7 @@ def main() -> int:
                        f"train.queries_per_epoch={args.train_queries}"]),
             ("evaluate", [str(BIN / "seeder"), "evaluate", "--artifacts", str(artifacts), "--split", "test",
                           "--method", "dense", "--method", "khop", "--method", "seeder", "--model",
-                          str(model / "best.pt"), "--json", str(work / "test_metrics.json")]),
+                          str(model / "model"), "--json", str(work / "test_metrics.json")]),
         ]
     if artifacts.exists():
         import shutil

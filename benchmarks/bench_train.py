@@ -25,16 +25,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from seeder.config import load_config, training_config, SeederConfig  # noqa: E402
 from seeder.losses import bpr_loss, reinforce_loss  # noqa: E402
 from seeder.rollout import Rollout, recall_of_sets  # noqa: E402
-from seeder.train import TrainingData, build_state, steps_per_epoch, toy_task, train_step, trainable_queries  # noqa: E402
+from seeder.inference import QueryData  # noqa: E402
+from seeder.synth import toy_task  # noqa: E402
+from seeder.train import build_state, steps_per_epoch, train_step, trainable_queries  # noqa: E402
 
 
-def load(args) -> tuple[TrainingData, SeederConfig, str]:
+def load(args) -> tuple[QueryData, SeederConfig, str]:
     if args.artifacts:
         from seeder.artifacts import open_artifacts
 
         artifacts = open_artifacts(args.artifacts)
         config = training_config(artifacts.config, args.config, args.overrides)
-        return TrainingData.from_artifacts(artifacts, "train"), config, str(args.artifacts)
+        return QueryData.from_artifacts(artifacts, "train"), config, str(args.artifacts)
     data = toy_task(512, args.nodes, 256, num_relations=9, seed=0)
     return data, load_config(args.config, args.overrides), f"synthetic ({args.nodes} nodes per query)"
 

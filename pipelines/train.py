@@ -8,10 +8,10 @@ Every worker reads the artifacts (``--artifacts`` may be an ``s3://``/``file://`
 fetches it once into its cache) and, each epoch, trains on its slice of one seeded permutation of
 the trainable queries, so the ranks see disjoint queries and the same number of steps. Gradients are
 averaged over the ranks before every optimiser step. Rank 0 validates, logs to MLflow and writes the
-checkpoint that ``ray.train.report`` persists under ``STORAGE/NAME``; Ray keeps the two best by
-validation ``recall_at_20``. At the end the best one becomes ``OUT/best.pt`` (plus ``OUT/config.yaml``,
-``OUT/history.json``, ``OUT/training_curve.png``), so ``seeder evaluate --method seeder --model
-OUT/best.pt`` works.
+checkpoint that ``ray.train.report`` persists under ``STORAGE/NAME``. At the end the best epoch's
+weights become the model directory ``OUT/model`` (plus ``OUT/history.json`` and
+``OUT/training_curve.png``), logged to MLflow as the run's model, so ``seeder evaluate --method seeder
+--model OUT/model`` and ``runs:/ID/model`` work.
 
 Resume: Ray Train V2 has no ``TorchTrainer.restore`` (it raises a DeprecationWarning). A run started
 again with the same ``RunConfig(name, storage_path)`` finds ``checkpoint_manager_snapshot.json`` there
@@ -19,16 +19,16 @@ and hands the latest checkpoint to ``ray.train.get_checkpoint()``; worker failur
 retried the same way (``--max-failures``). So ``--resume`` reruns the same command; without it an
 existing run under ``STORAGE/NAME`` is an error rather than a silent continuation.
 
-This file holds only the Ray side; the model, losses, epochs and checkpoints live in ``seeder.train``.
+This file holds only the Ray side (worker setup, the gradient all-reduce, reporting); the epoch loop,
+the validation, the best rule and the checkpoint format are ``seeder.train.fit`` and
+``seeder.checkpoint``, shared with ``python -m seeder.train`` and the sweep.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -41,22 +41,17 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
 from pipelines.ray_runtime import start_ray  # noqa: E402
 from seeder import tracking
-from seeder.config import ConfigError, SeederConfig, flatten, from_dict, to_dict, training_config
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
 from seeder.io import DataError
 from seeder.storage import fetch, is_uri, join
 
-CHECKPOINT_FILE = "checkpoint.pt"
-SCORE_METRIC = "selection_score"  # validation Recall@20, ties broken by MRR (seeder.train.selection_score)
+CHECKPOINT_DIR = "checkpoint"  # inside a Ray checkpoint: a seeder.checkpoint training checkpoint
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of a run's checkpoints
 EXIT_AFTER_EPOCH_ENV = "SEEDER_TRAIN_EXIT_AFTER_EPOCH"  # test hook: rank 0 dies after this epoch's checkpoint
-# Library epoch keys -> the names logged and reported (the validation ones get a ``val_`` prefix in MLflow).
-METRIC_NAMES = {"loss": "loss", "loss_reinforce": "rl_loss", "loss_bpr": "bpr_loss", "reward": "mean_reward",
-                "grad_norm": "grad_norm"}
 
 
 # -- Ray-free preparation (runs before Ray starts, so bad input fails fast) ---------------------------
@@ -71,18 +66,6 @@ class TrainingJob:
     name: str
     trainable: int  # trainable training queries
     val_queries: int
-
-
-def epoch_shard(pool: np.ndarray, seed: int, epoch: int, rank: int, world: int, queries_per_epoch: int = 0) -> np.ndarray:
-    """This rank's queries of ``epoch`` (0-based): a slice of one permutation seeded by (seed, epoch).
-
-    Every rank gets the same count (the remainder, under ``world`` queries, sits out this epoch), so
-    all ranks take the same number of optimiser steps and meet at every gradient average."""
-    order = np.random.default_rng([seed, epoch]).permutation(pool)
-    if queries_per_epoch:
-        order = order[:queries_per_epoch]
-    per_rank = len(order) // world
-    return order[rank * per_rank : (rank + 1) * per_rank]
 
 
 def experiment_path(storage: str, name: str) -> str:
@@ -106,7 +89,8 @@ def prepare_job(
 ) -> TrainingJob:
     """Validate everything a run needs (artifacts, config, splits, sizes, earlier run) without Ray."""
     from seeder.artifacts import open_artifacts
-    from seeder.train import TrainingData, _check, trainable_queries
+    from seeder.inference import QueryData
+    from seeder.train import check_config, trainable_queries
 
     if num_workers < 1:
         raise ConfigError(f"--num-workers {num_workers}: need at least 1")
@@ -117,14 +101,14 @@ def prepare_job(
         raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
     opened = open_artifacts(local)
     config = training_config(opened.config, config_path, overrides)
-    _check(config)
-    if config.train.init_from and not is_uri(config.train.init_from):
+    check_config(config)
+    if config.train.init_from and not is_uri(config.train.init_from) and not config.train.init_from.startswith(("runs:/", "models:/")):
         start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory
-        if not start.is_file():
-            raise DataError(f"train.init_from={config.train.init_from}: no such checkpoint file; pass a best.pt or last.pt")
+        if not start.is_dir():
+            raise DataError(f"train.init_from={config.train.init_from}: no such model directory; pass RUN/model")
         config.train.init_from = str(start)
-    train = TrainingData.from_artifacts(opened, "train")
-    val = TrainingData.from_artifacts(opened, "val")
+    train = QueryData.from_artifacts(opened, "train")
+    val = QueryData.from_artifacts(opened, "val")
     trainable = len(trainable_queries(train, config))
     usable = min(trainable, config.train.queries_per_epoch or trainable)
     if usable < num_workers:
@@ -151,7 +135,8 @@ def _average_gradients_before_step(model, world: int):
 
     The policy is driven through its methods (encode_nodes, propagate, expansion_logits, scores), not
     ``forward``, and DDP only arms its reducer in ``forward``; so gradients are averaged explicitly.
-    ``seeder.train.train_step`` clips each rank's gradient before this runs (per-rank clipping)."""
+    ``seeder.train.train_step`` clips each rank's gradient before this runs (per-rank clipping; with one
+    worker this is exactly the Ray-free run's clipping)."""
     import torch
     import torch.distributed as dist
 
@@ -193,82 +178,65 @@ def _wait_for_registration(experiment_dir: str, checkpoint_dir_name: str, timeou
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train worker: restore or build the state, then per epoch train on this rank's shard, average
-    metrics, validate on rank 0, log to MLflow and report a checkpoint."""
+    """Ray Train worker: restore or build the state, then ``seeder.train.fit`` on this rank's slice of
+    each epoch, with the gradient and metric averages over ranks; rank 0 validates, logs to MLflow
+    and reports a checkpoint per epoch."""
     import ray.train
     import ray.train.torch
     import torch
     import torch.distributed as dist
 
+    from seeder import checkpoint as ckpt
     from seeder import train as lib
     from seeder.artifacts import open_artifacts
+    from seeder.inference import QueryData
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
     config = from_dict(SeederConfig, loop_config["config"])
-    cfg = config.train
     if loop_config.get("torch_threads"):
         torch.set_num_threads(int(loop_config["torch_threads"]))  # Ray gives workers OMP_NUM_THREADS=1
     device = ray.train.torch.get_device()
 
     artifacts = open_artifacts(fetch(loop_config["artifacts"]))
-    train_data = lib.TrainingData.from_artifacts(artifacts, "train")
-    pool = lib.trainable_queries(train_data, config)
-    per_rank = len(epoch_shard(pool, cfg.seed, 0, rank, world, cfg.queries_per_epoch))
-    val_data = None
-    if rank == 0:
-        val_data = lib.TrainingData.from_artifacts(artifacts, "val")
-        if cfg.val_queries and len(val_data.subgraphs) > cfg.val_queries:
-            pick = np.random.default_rng(cfg.seed).choice(len(val_data.subgraphs), cfg.val_queries, replace=False)
-            val_data = val_data.take(np.sort(pick))
+    train_data = QueryData.from_artifacts(artifacts, "train")
+    val_data = QueryData.from_artifacts(artifacts, "val") if rank == 0 else None
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = lib.load_checkpoint(Path(directory) / CHECKPOINT_FILE)
+            state = lib.load_state(Path(directory) / CHECKPOINT_DIR)
         if rank == 0:
             print(f"resumed from checkpoint after epoch {state.epoch} ({checkpoint.path})", flush=True)
     else:
-        state = lib.build_state(config, train_data.feature_dim, max(1, math.ceil(per_rank / cfg.batch_size)))
+        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world),
+                                ckpt.artifacts_record(artifacts) | {"path": loop_config["artifacts"]})
     # Device placement only: see _average_gradients_before_step for why not DDP's wrapper.
     state.model = ray.train.torch.prepare_model(state.model, parallel_strategy=None)
+    for slot in state.optimizer.state.values():  # a restored optimiser's moments follow the model
+        for key, value in slot.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                slot[key] = value.to(device)
     if world > 1:
         for tensor in state.model.state_dict().values():
             dist.broadcast(tensor, src=0)  # identical start on every rank, whatever the seeding
         state.optimizer.register_step_pre_hook(_average_gradients_before_step(state.model, world))
 
-    run_id, uri = loop_config.get("mlflow_run_id"), loop_config.get("mlflow_uri")
+    run = None
+    if rank == 0 and loop_config.get("mlflow_run_id"):
+        from seeder import tracking
+
+        run = tracking.TrainingRun.attach(loop_config["mlflow_run_id"], loop_config["mlflow_uri"])
     exit_after = int(loop_config.get("exit_after_epoch") or 0)
-    while state.epoch < cfg.epochs:
-        epoch = state.epoch
-        shard = epoch_shard(pool, cfg.seed, epoch, rank, world, cfg.queries_per_epoch)
-        # Per-(epoch, rank) streams: ranks sample differently, and a resumed epoch replays exactly.
-        state.order_rng = np.random.default_rng([cfg.seed, epoch, rank])
-        state.sample_generator.manual_seed(cfg.seed * 1_000_003 + epoch * 1_009 + rank + 1)
-        local = lib.train_epoch(state, train_data.take(shard))
-        seconds = local.pop("epoch_seconds")
-        local_rate = local.pop("trajectories_per_second")
-        averaged = _mean_over_ranks(local, device) if world > 1 else local
-        metrics: dict[str, Any] = {"epoch": state.epoch}
-        metrics.update({METRIC_NAMES.get(k, k): v for k, v in averaged.items()})
-        metrics["epoch_seconds"] = seconds
-        metrics["trajectories_per_second"] = local_rate * world  # the ranks run side by side
-        if rank == 0:
-            start = time.perf_counter()
-            _, val = lib.evaluate(state.model, val_data, state.config)
-            metrics.update(val)  # hit_at_1, hit_at_5, recall_at_20, mrr, ...: validation
-            metrics[SCORE_METRIC] = lib.selection_score(val)
-            metrics["val_seconds"] = time.perf_counter() - start
-            state.best_metric = max(state.best_metric, metrics[SCORE_METRIC])
-            state.history.append({**{k: v for k, v in metrics.items() if k not in val},
-                                  **{f"val_{k}": v for k, v in val.items()}})
-            if run_id:
-                tracking.log_epoch_metrics(run_id, state.history[-1], step=state.epoch, uri=uri)
-            print(progress_line(state.history[-1], cfg.epochs), flush=True)
+
+    def report(state: lib.TrainState, metrics: dict[str, Any], improved: bool) -> None:
         name = f"epoch_{state.epoch:04d}"
         if rank == 0:
+            if run is not None:
+                run.log_epoch(metrics)
+            print(lib.epoch_line(metrics, config.train.epochs), flush=True)
             with tempfile.TemporaryDirectory() as directory:
-                lib.save_checkpoint(state, Path(directory) / CHECKPOINT_FILE)
+                lib.save_state(state, Path(directory) / CHECKPOINT_DIR)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
                                  checkpoint_dir_name=name)
         else:
@@ -279,15 +247,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             print(f"{EXIT_AFTER_EPOCH_ENV}={exit_after}: exiting after epoch {exit_after}", flush=True)
             os._exit(3)
 
-
-def progress_line(row: dict[str, Any], epochs: int) -> str:
-    """One line per epoch: losses, reward, validation metrics, time and throughput."""
-    return (
-        f"epoch {row['epoch']}/{epochs}  loss {row['loss']:.4f} (rl {row['rl_loss']:.4f}, bpr {row['bpr_loss']:.4f})  "
-        f"reward {row['mean_reward']:.3f}  val hit@1 {row['val_hit_at_1']:.3f} hit@5 {row['val_hit_at_5']:.3f} "
-        f"mrr {row['val_mrr']:.3f} recall@20 {row['val_recall_at_20']:.3f}  "
-        f"{row['epoch_seconds']:.1f}s +val {row['val_seconds']:.1f}s  {row['trajectories_per_second']:.0f} traj/s"
-    )
+    average = (lambda values: _mean_over_ranks(values, device)) if world > 1 else None
+    lib.fit(state, train_data, val_data, report, rank=rank, world=world, average=average)
 
 
 # -- the driver ---------------------------------------------------------------------------------------
@@ -333,46 +294,43 @@ def run_training(
         run_config=RunConfig(
             name=name,
             storage_path=storage,
-            checkpoint_config=CheckpointConfig(
-                num_to_keep=2, checkpoint_score_attribute=SCORE_METRIC, checkpoint_score_order="max"
-            ),
+            # The latest checkpoint carries the best weights so far (seeder.train.save_state), so the
+            # two latest are all a run needs, to resume and to export its best model.
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=max_failures),
         ),
     )
     return trainer.fit()
 
 
-def finish_run(result, job: TrainingJob, run_id: str | None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Copy the best checkpoint to OUT/best.pt with OUT/config.yaml, write the history and the curve,
-    and hand the model directory and plot to MLflow."""
-    import torch
+def final_state(result, where: str):
+    """The training state of a finished Ray Train run's latest checkpoint (it carries the best weights)."""
+    from seeder import train as lib
 
-    best = result.get_best_checkpoint(metric=SCORE_METRIC, mode="max")
-    if best is None:
-        raise DataError(f"{experiment_path(job.storage, job.name)}: the run reported no checkpoint")
-    job.out.mkdir(parents=True, exist_ok=True)
-    with best.as_directory() as directory:
-        shutil.copyfile(Path(directory) / CHECKPOINT_FILE, job.out / "best.pt.tmp")
-    os.replace(job.out / "best.pt.tmp", job.out / "best.pt")
-    # The full history lives in the latest checkpoint (the best one may be older).
+    if result.checkpoint is None:
+        raise DataError(f"{where}: the run reported no checkpoint")
     with result.checkpoint.as_directory() as directory:
-        payload = torch.load(Path(directory) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
-    history = payload["history"]
-    best_payload = torch.load(job.out / "best.pt", map_location="cpu", weights_only=False)
-    (job.out / "config.yaml").write_text(yaml.safe_dump(best_payload["config"], sort_keys=False))
-    (job.out / "history.json").write_text(json.dumps(history, indent=2))
-    plot = tracking.plot_training_curves(history, job.out / "training_curve.png")
-    best_row = history[best_payload["epoch"] - 1]
-    summary = {"best_epoch": best_payload["epoch"], "best_val_recall_at_20": best_row["val_recall_at_20"],
-               "best_val_mrr": best_row["val_mrr"],
-               "epochs": len(history), "best": str(job.out / "best.pt")}
-    if run_id:
-        with tempfile.TemporaryDirectory() as model_dir:
-            shutil.copyfile(job.out / "best.pt", Path(model_dir) / "best.pt")
-            shutil.copyfile(job.out / "config.yaml", Path(model_dir) / "config.yaml")
-            tracking.log_epoch_metrics(run_id, {"best_val_recall_at_20": summary["best_val_recall_at_20"],
-                                                "best_epoch": best_payload["epoch"]}, step=len(history))
-            tracking.log_training_outputs(run_id, model_dir, plot)
+        return lib.load_state(Path(directory) / CHECKPOINT_DIR)
+
+
+def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
+    """Write the best model to OUT/model, the history and the curve, and hand the model and the plot
+    to the MLflow run."""
+    from seeder import checkpoint as ckpt
+    from seeder import train as lib
+
+    state = final_state(result, experiment_path(job.storage, job.name))
+    job.out.mkdir(parents=True, exist_ok=True)
+    model_dir = lib.export_best(state, job.out / ckpt.MODEL_DIR)
+    (job.out / "history.json").write_text(json.dumps(state.history, indent=2))
+    tracking.plot_training_curves(state.history, job.out / "training_curve.png")
+    best_row = state.history[state.best_epoch - 1] if state.best_epoch else state.history[-1]
+    summary = {"best_epoch": state.best_epoch, "best_val_recall_at_20": best_row.get("val_recall_at_20", float("nan")),
+               "best_val_mrr": best_row.get("val_mrr", float("nan")), "epochs": len(state.history), "best": str(model_dir)}
+    if run is not None:
+        tracking.log_epoch_metrics(run.run_id, {"best_val_recall_at_20": summary["best_val_recall_at_20"],
+                                                "best_epoch": state.best_epoch}, step=len(state.history), uri=run.uri)
+        run.finish(model_dir, state.history)
     return summary
 
 
@@ -383,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=2, help="training workers (data-parallel ranks)")
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL")
     parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs reserved per worker (also its torch threads)")
-    parser.add_argument("--out", default="runs/train", help="run directory: best.pt, config.yaml, history, plot")
+    parser.add_argument("--out", default="runs/train", help="run directory: model/ (the best model), history, plot")
     parser.add_argument("--experiment", default="seeder-train", help="MLflow experiment")
     parser.add_argument("--storage", help="Ray Train storage path or URI (default OUT/ray)")
     parser.add_argument("--name", help="Ray Train run name under the storage (default 'train')")
@@ -402,14 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     job.out.mkdir(parents=True, exist_ok=True)
     print(f"training on {job.trainable:,} trainable queries ({job.val_queries:,} val), {args.num_workers} "
           f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}", flush=True)
-    run_id = None
+    run = None
     if not args.no_mlflow:
-        run_id, resumed = tracking.start_or_resume_run(args.experiment, job.name, job.out, args.resume)
-        if not resumed:
-            tracking.log_params(run_id, {**flatten(job.config), "run.num_workers": args.num_workers,
-                                         "run.use_gpu": args.use_gpu, "run.artifacts": job.artifacts})
-        print(f"MLflow run {run_id} ({'continued' if resumed else 'new'}) in experiment '{args.experiment}' "
-              f"at {tracking.tracking_uri()}", flush=True)
+        run = tracking.TrainingRun.start(
+            args.experiment, job.out.name, job.out, args.resume, job.config,
+            extra={"run.driver": "pipelines/train.py", "run.num_workers": args.num_workers, "run.use_gpu": args.use_gpu,
+                   "run.artifacts": job.artifacts})
+        print(f"MLflow run {run.run_id} in experiment '{args.experiment}' at {tracking.tracking_uri()}", flush=True)
     try:
         start_ray(who="train")
     except RuntimeError as exc:
@@ -421,18 +378,18 @@ def main(argv: list[str] | None = None) -> int:
         result = run_training(
             job.config, job.artifacts, storage=job.storage, name=job.name, num_workers=args.num_workers,
             use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
-            mlflow_run_id=run_id, mlflow_uri=tracking.tracking_uri() if run_id else None, exit_after_epoch=exit_after,
+            mlflow_run_id=run.run_id if run else None, mlflow_uri=run.uri if run else None, exit_after_epoch=exit_after,
         )
     except ray.train.TrainingFailedError as exc:
         print(f"pipelines/train.py: training failed: {exc}\nrerun the same command with --resume to continue "
               "from the last checkpoint", file=sys.stderr)
         return 1
-    summary = finish_run(result, job, run_id)
+    summary = finish_run(result, job, run)
     print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}, "
           f"mrr {summary['best_val_mrr']:.4f}) -> "
           f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts}")
-    if run_id:
-        print(f"MLflow run {run_id}; open the UI with: {tracking.ui_hint()}")
+    if run is not None:
+        print(f"MLflow run {run.run_id}: model runs:/{run.run_id}/model; open the UI with: {tracking.ui_hint()}")
     return 0
 
 

@@ -24,7 +24,7 @@ python pipelines/train.py --artifacts "$OUT/artifacts" --config "$CONFIG" --out 
 
 step "4/5 evaluate on the test split: Dense, K-HOP-W-FILTER and SeedER side by side"
 seeder evaluate --artifacts "$OUT/artifacts" --split test \
-  --method dense --method khop --method seeder --model "$OUT/model/best.pt" --json "$OUT/test_metrics.json"
+  --method dense --method khop --method seeder --model "$OUT/model/model" --json "$OUT/test_metrics.json"
 
 step "5/5 ask one question"
 question=$(python - "$OUT/dataset" <<'PY'
@@ -33,6 +33,6 @@ from seeder.store import open_dataset
 print(open_dataset(sys.argv[1]).queries_of("test").column("text")[0])
 PY
 )
-seeder retrieve --model "$OUT/model/best.pt" --artifacts "$OUT/artifacts" -k 5 "$question"
+seeder retrieve --model "$OUT/model/model" -k 5 "$question"
 
 printf '\nDone. Results: %s/test_metrics.json; runs: `seeder ui` then open http://127.0.0.1:5000\n' "$OUT"

@@ -89,7 +89,7 @@ def resolve_methods(spec: str, model: str | None) -> list[str]:
     if unknown or not methods:
         raise ConfigError(f"--methods {spec!r}: unknown {unknown}; give 'all' or a comma list of: {', '.join(known)}")
     if "seeder" in methods and not model:
-        raise ConfigError("--methods includes seeder, which needs --model RUN/best.pt (a trained checkpoint)")
+        raise ConfigError("--methods includes seeder, which needs --model RUN/model, runs:/ID/model or models:/NAME@ALIAS (a trained model)")
     return list(dict.fromkeys(methods))
 
 
@@ -607,39 +607,25 @@ def _metric_key(*parts: str) -> str:
 def log_to_mlflow(report: dict[str, Any], out: Path, experiment: str, run_name: str | None = None) -> str:
     """One run: params (methods, split, dataset, ...), ``method.metric`` for every method and group
     (the ``all`` group without a group part), latencies, and the report files as artifacts."""
-    from mlflow.entities import Metric, Param
-
     from seeder import tracking
 
-    experiment_id = tracking.setup(experiment)
-    client = tracking.client()
-    run = client.create_run(experiment_id, run_name=run_name or f"benchmark-{report['split']}")
-    run_id = run.info.run_id
     params = {
         "methods": ",".join(report["methods"]), "split": report["split"], "dataset": report["dataset"],
         "artifacts": report["artifacts"], "queries": report["queries"], "split_queries": report["split_queries"],
         "engine": report["engine"], "block_queries": report["block_queries"], "model": report.get("model") or "",
     }
-    stamp = int(time.time() * 1000)
-    metrics = []
+    metrics: dict[str, float] = {}
     for name, groups in report["methods"].items():
         for group, values in groups.items():
             for metric, value in values.items():
-                if metric != "queries" and isinstance(value, float) and math.isfinite(value):
-                    key = _metric_key(name, metric) if group == "all" else _metric_key(name, group, metric)
-                    metrics.append(Metric(key, value, stamp, 0))
+                if metric != "queries" and isinstance(value, float):
+                    metrics[_metric_key(name, metric) if group == "all" else _metric_key(name, group, metric)] = value
         for key in ("p50_ms", "p95_ms", "batched_ms_per_query"):
             value = report["latency"][name].get(key)
-            if value is not None and math.isfinite(value):
-                metrics.append(Metric(_metric_key(name, key), float(value), stamp, 0))
-    client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-    for lo in range(0, len(metrics), 900):
-        client.log_batch(run_id, metrics=metrics[lo : lo + 900])
-    for name in REPORT_FILES:
-        if (out / name).is_file():
-            client.log_artifact(run_id, str(out / name))
-    client.set_terminated(run_id, status="FINISHED")
-    return run_id
+            if value is not None:
+                metrics[_metric_key(name, key)] = float(value)
+    files = [out / name for name in REPORT_FILES if (out / name).is_file()]
+    return tracking.log_report_run(experiment, run_name or f"benchmark-{report['split']}", params, metrics, files)
 
 
 # -- the command -----------------------------------------------------------------------------------

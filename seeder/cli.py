@@ -16,7 +16,7 @@ COMMAND_MODULES = [
     "seeder.synth",  # seeder synth
     "seeder.evaluate",  # seeder evaluate, seeder retrieve
     "seeder.benchmark",  # seeder benchmark
-    "seeder.retrieve.learned",  # seeder retrieve (one question, a trained SeedER model)
+    "seeder.retriever",  # seeder retrieve (new questions, a trained SeedER model)
     "seeder.tracking",  # seeder ui
 ]
 

@@ -215,7 +215,8 @@ class TrainConfig:
     queries_per_epoch: int = 0
     """Training queries sampled (without replacement) per epoch; 0 uses them all."""
     init_from: str = ""
-    """Start from the weights of this checkpoint (a ``best.pt``/``last.pt`` path) instead of a random
+    """Start from the weights of this model (a model directory ``RUN/model``, ``runs:/ID/model`` or
+    ``models:/NAME@ALIAS``) instead of a random
     initialisation; the optimizer and schedule start fresh (fine-tuning, or more epochs for a finished
     run). Its model section must match this config's."""
     skip_unanswerable: bool = True

@@ -43,9 +43,7 @@ from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 from seeder.artifacts import read_seed_table
 
-# dense, entity and dense+entity are seeder.retrieve.seeds'; bm25 and hybrid come from the baselines;
-# given reads a query attribute.
-SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
+from seeder.retrieve.seeds import SEED_STRATEGIES
 
 STAGE_VERSION = 1
 SUBGRAPH_VERSION = 2  # 2: the path_end column
@@ -396,42 +394,16 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
 
 
 def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
-    from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
+    from seeder.retrieve.seeds import seed_queries
 
     node_features = np.load(features_dir / "node.npy", mmap_mode="r")
     query_features = np.load(features_dir / "query.npy")
     query_ids = np.load(features_dir / "query_ids.npy")
     cfg = config.seed
     texts = None
-    if cfg.strategy != "dense":
+    if cfg.strategy not in ("dense", "given"):
         texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
-    linked = None
-    combine = cfg.strategy
-    if cfg.strategy == "hybrid":
-        from seeder.retrieve.baselines.bm25 import hybrid_seeds
-
-        # Reciprocal rank fusion of BM25 and dense replaces the dense ranking.
-        dense_ids, dense_scores = hybrid_seeds(kg, texts, query_features, node_features, cfg.k0, config.baselines)
-        combine = "dense"
-    else:
-        dense_ids, dense_scores = dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
-    if cfg.strategy == "bm25":
-        from seeder.retrieve.baselines.bm25 import bm25_seeds
-
-        # BM25 seeds first; dense seeds fill queries that share no term with any node text.
-        bm25_ids, _ = bm25_seeds(kg, texts, cfg.k0, config.baselines)
-        linked = [row[row >= 0] for row in bm25_ids]
-        combine = "dense+entity"
-    elif cfg.strategy in ("entity", "dense+entity"):
-        linked = EntityLinker(kg, cfg).link(texts)
-    elif cfg.strategy == "given":
-        linked = given_seeds(kg, query_ids, cfg.given_attribute)
-        combine = "dense+entity"  # the given node first; dense seeds fill queries without one
-    seeds, scores = select_seeds(
-        dataclasses.replace(cfg, strategy=combine), dense_ids, dense_scores, linked, query_features, node_features
-    )
-    seeds = np.asarray(seeds, dtype=np.int64)
-    scores = np.asarray(scores, dtype=np.float32)
+    seeds, scores = seed_queries(kg, config, query_features, node_features, texts=texts, query_ids=query_ids)
     valid = seeds >= 0
     lengths = valid.sum(axis=1)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))

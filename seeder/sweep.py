@@ -1,9 +1,10 @@
-"""Hyperparameter sweeps without Ray: the search space, one trial's training loop, its MLflow child
-run, and the sweep's report (results table, plots, parameter importances).
+"""Hyperparameter sweeps without Ray: the search space, one trial (``seeder.train.fit`` with a
+reporting callback), and the sweep's report (results table, plots, parameter importances).
 
-``tune/sweep.py`` is the thin Ray Tune entry point around these pieces. The objective is declared
-once, here (``METRIC``/``MODE``): validation Recall@20, reported after every epoch so that ASHA can
-stop weak trials early (paper, Appendix D.2 sweeps hidden size, learning rate, depth and dropout).
+``tune/sweep.py`` is the thin Ray Tune entry point around these pieces. The objective is the one
+every training run keeps its best model by (``seeder.train.selection_score``: validation Recall@20,
+ties by MRR), reported after every epoch so that ASHA can stop weak trials early (paper, Appendix
+D.2 sweeps hidden size, learning rate, depth and dropout).
 
 A space file is YAML mapping dotted config keys to one of::
 
@@ -21,10 +22,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -34,12 +33,10 @@ import yaml
 
 from seeder.config import PREPROCESSING_SECTIONS, ConfigError, SeederConfig, flatten, from_dict, to_dict
 
-METRIC = "val_recall_at_20"
-"""The objective of every sweep: validation Recall@20 after each epoch (ASHA's and Optuna's metric)."""
+METRIC = "selection_score"
+"""The objective of every sweep (ASHA's and Optuna's metric): ``seeder.train.SELECTION_METRIC``."""
 MODE = "max"
 
-MODEL_ARTIFACT = "model"  # same directory name as seeder.tracking.MODEL_ARTIFACT
-CHECKPOINT_FILE = "checkpoint.pt"  # inside the model artifact, next to config.yaml
 KINDS = ("choice", "uniform", "loguniform", "int")
 
 DEFAULT_SPACE_YAML = """
@@ -64,10 +61,6 @@ ABBREVIATIONS = {
     "train.batch_size": "b",
     "train.weight_decay": "wd",
 }
-
-
-class TrialDiverged(RuntimeError):
-    """A trial whose loss or validation metric became NaN or infinite."""
 
 
 @dataclass(frozen=True)
@@ -224,155 +217,47 @@ def trial_name(index: int, params: dict[str, Any]) -> str:
 # -- one trial -----------------------------------------------------------------------------------------
 
 
-def check_finite(metrics: dict[str, float], epoch: int) -> None:
-    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
-    if bad:
-        raise TrialDiverged(
-            f"epoch {epoch}: {', '.join(f'{k}={v}' for k, v in sorted(bad.items()))}; the trial diverged "
-            "(lower train.lr or train.grad_clip)"
-        )
-
-
 def run_trial(
     config: SeederConfig,
     train_data,
     val_data,
     report: Callable[[dict[str, float], Path], None],
     resume_dir: Path | None = None,
-    on_best: Callable[[Path, SeederConfig], None] | None = None,
-    log: Callable[[str], None] | None = None,
+    on_best: Callable[[Any], None] | None = None,
 ) -> dict[str, float]:
-    """Train one trial epoch by epoch; after each, ``report(metrics, checkpoint_dir)``.
+    """Train one trial with ``seeder.train.fit``; after each epoch ``report(metrics, checkpoint_dir)``.
 
-    ``checkpoint_dir`` holds ``last.pt`` (to resume exactly) and ``best.pt`` (the best epoch by
-    ``METRIC`` so far); it is a fresh temporary directory the caller may copy. ``resume_dir`` is such
-    a directory from an earlier run of the same trial. ``on_best(best_pt, config)`` is called when an
-    epoch improves ``METRIC``. A NaN or infinite loss or metric raises ``TrialDiverged``.
-    Returns the best epoch's metrics.
-    """
-    from seeder.train import build_state, evaluate, load_checkpoint, save_checkpoint, steps_per_epoch, train_epoch
+    ``checkpoint_dir`` is a training checkpoint (``seeder.checkpoint``: it carries the best weights
+    so far) in a temporary directory the caller may copy; ``resume_dir`` is such a directory from an
+    earlier run of the same trial. ``on_best(state)`` is called when an epoch improves the objective.
+    A NaN or infinite loss or metric raises ``seeder.train.TrainingDiverged``. Returns the best epoch's
+    metrics."""
+    from seeder import checkpoint
+    from seeder import train as lib
 
-    if resume_dir is not None and (Path(resume_dir) / "last.pt").is_file():
-        state = load_checkpoint(Path(resume_dir) / "last.pt")
-        best_source = Path(resume_dir) / "best.pt"
+    if resume_dir is not None and checkpoint.is_checkpoint(resume_dir):
+        state = lib.load_state(resume_dir)
     else:
-        state = build_state(config, train_data.feature_dim, steps_per_epoch(train_data, config))
-        best_source = None
-    if config.train.val_queries and len(val_data.subgraphs) > config.train.val_queries:
-        pick = np.random.default_rng(config.train.seed).choice(len(val_data.subgraphs), config.train.val_queries, replace=False)
-        val_data = val_data.take(np.sort(pick))
+        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config))
     work = Path(tempfile.mkdtemp(prefix="seeder-trial-"))
-    best_path = work / "best.pt"
-    if best_source is not None and best_source.is_file():
-        shutil.copy2(best_source, best_path)
-    best_metrics = max(state.history, key=lambda m: m.get(METRIC, -math.inf), default={})
+
+    def after_epoch(state, metrics: dict[str, Any], improved: bool) -> None:
+        directory = lib.save_state(state, work / f"epoch_{state.epoch:04d}")
+        if improved and on_best is not None:
+            on_best(state)
+        report(metrics, directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
     try:
-        while state.epoch < config.train.epochs:
-            metrics = train_epoch(state, train_data)
-            check_finite(metrics, state.epoch)
-            start = time.perf_counter()
-            _, val = evaluate(state.model, val_data, state.config)
-            metrics.update({f"val_{k}": v for k, v in val.items()})
-            metrics["val_seconds"] = time.perf_counter() - start
-            check_finite(metrics, state.epoch)
-            metrics["epoch"] = state.epoch
-            state.history.append(metrics)
-            if log:
-                log(f"epoch {state.epoch}: loss {metrics['loss']:.4f} {METRIC} {metrics[METRIC]:.4f}")
-            improved = metrics[METRIC] > state.best_metric
-            if improved:
-                state.best_metric = metrics[METRIC]
-                best_metrics = metrics
-                save_checkpoint(state, best_path)
-            checkpoint_dir = Path(tempfile.mkdtemp(prefix="ckpt-", dir=work))
-            save_checkpoint(state, checkpoint_dir / "last.pt")
-            shutil.copy2(best_path, checkpoint_dir / "best.pt")
-            if improved and on_best is not None:
-                on_best(best_path, state.config)
-            report(metrics, checkpoint_dir)
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        lib.fit(state, train_data, val_data, after_epoch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return best_metrics
+    return state.history[state.best_epoch - 1] if state.best_epoch else {}
 
 
-# -- MLflow child runs ------------------------------------------------------------------------------
-
-
-def _param_value(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-
-
-def trial_params(config: SeederConfig, swept: dict[str, Any]) -> dict[str, str]:
-    """What a child run records: every model.* and train.* value, then the swept keys."""
-    flat = {k: v for k, v in flatten(config).items() if k.split(".")[0] in ("model", "train")}
-    flat.update(swept)
-    return {k: _param_value(v) for k, v in flat.items()}
-
-
-class TrialRun:
-    """The MLflow child run of one trial (tag ``mlflow.parentRunId``), reopened when the trial resumes.
-
-    Uses ``MlflowClient`` only (no global active run), so concurrent trials in one process and the
-    sweep driver do not step on each other.
-    """
-
-    def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str, name: str, params: dict[str, str]):
-        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-        from mlflow import MlflowClient
-
-        self.client = MlflowClient(tracking_uri)
-        found = find_child_runs(self.client, experiment_id, parent_run_id, name)
-        self.logged_epochs: set[int] = set()
-        if found:
-            self.run_id = found[0].info.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-            # A trial interrupted between logging an epoch and Tune saving its checkpoint redoes that
-            # epoch on resume; the run keeps the first record of each epoch.
-            self.logged_epochs = {m.step for m in self.client.get_metric_history(self.run_id, METRIC)}
-        else:
-            run = self.client.create_run(
-                experiment_id,
-                run_name=name,
-                tags={"mlflow.parentRunId": parent_run_id, "seeder.trial": name, "seeder.kind": "trial"},
-            )
-            self.run_id = run.info.run_id
-            from mlflow.entities import Param
-
-            items = [Param(k, v[:6000]) for k, v in params.items()]
-            for lo in range(0, len(items), 100):
-                self.client.log_batch(self.run_id, params=items[lo : lo + 100])
-
-    def log_epoch(self, metrics: dict[str, float], epoch: int) -> None:
-        from mlflow.entities import Metric
-
-        if epoch in self.logged_epochs:
-            return
-        self.logged_epochs.add(epoch)
-        now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, epoch) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "epoch"]
-        self.client.log_batch(self.run_id, metrics=items)
-
-    def log_best(self, best_pt: Path, config: SeederConfig) -> None:
-        """The best checkpoint so far as the run's ``model/`` artifact (checkpoint.pt + config.yaml)."""
-        with tempfile.TemporaryDirectory() as tmp:
-            target = Path(tmp) / MODEL_ARTIFACT
-            target.mkdir()
-            shutil.copy2(best_pt, target / CHECKPOINT_FILE)
-            (target / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-            self.client.log_artifacts(self.run_id, str(target), MODEL_ARTIFACT)
-
-    def finish(self, status: str = "FINISHED", error: str | None = None) -> None:
-        if error:
-            self.client.set_tag(self.run_id, "seeder.error", error[:4000])
-        self.client.set_terminated(self.run_id, status=status)
-
-
-def find_child_runs(client, experiment_id: str, parent_run_id: str, name: str | None = None) -> list:
-    query = f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
-    if name is not None:
-        query += f" and tags.`seeder.trial` = '{name}'"
-    return client.search_runs([experiment_id], filter_string=query, max_results=10_000)
+def trial_params(swept: dict[str, Any]) -> dict[str, str]:
+    """The swept values of a trial, as MLflow parameters (beside ``seeder.tracking.run_params``)."""
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in swept.items()}
 
 
 # -- the sweep's report -----------------------------------------------------------------------------

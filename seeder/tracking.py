@@ -1,10 +1,16 @@
-"""MLflow: where runs go, how models are registered and found again, and the `seeder ui` command.
+"""MLflow, spoken in one place: where runs go, training runs and sweep trials, the logged model,
+the registry, and the `seeder ui` command. No other module imports ``mlflow``.
 
-Default store: ``sqlite:///runs/mlflow.db`` under the current directory (MLflow 3's ``file:`` store is
-in maintenance mode), artifacts in ``runs/mlartifacts``. ``MLFLOW_TRACKING_URI`` overrides it, e.g.
-``http://127.0.0.1:5000`` for a real ``mlflow server``. Models are logged as an artifact directory
-(``model/``: the checkpoint and its config) and registered with ``MlflowClient.create_model_version``,
-so ``models:/NAME@champion`` resolves to that directory.
+**Tracking store, one rule:** ``MLFLOW_TRACKING_URI`` when set (e.g. ``http://127.0.0.1:5000`` for a
+real ``mlflow server``), else ``sqlite:///$PWD/runs/mlflow.db`` with artifacts in ``runs/mlartifacts``.
+Reading a ``models:/`` or ``runs:/`` URI never creates a store: a missing one is a one-line error
+that says what to set.
+
+**The model.** Every training run (plain, Ray Train, sweep trial) logs one model directory
+(``seeder.checkpoint``: ``seeder_model.json`` + ``weights.pt``) as artifact ``model``, made an MLflow
+Model by an ``MLmodel`` file whose pyfunc flavour loads through this module (``_load_pyfunc``: no
+pickle). ``mlflow.pyfunc.load_model("models:/NAME@champion").predict(frame)`` ranks questions through
+``seeder.retriever.Retriever``, and so does ``mlflow models serve``.
 """
 
 from __future__ import annotations
@@ -13,22 +19,37 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from seeder.io import DataError
+
 LOCAL_ROOT = Path("runs")
-MODEL_ARTIFACT = "model"
+MODEL_ARTIFACT = "model"  # == seeder.checkpoint.MODEL_DIR
+URI_RULE = ("MLflow store: MLFLOW_TRACKING_URI when set, else sqlite:///$PWD/runs/mlflow.db "
+            "(artifacts in runs/mlartifacts)")
 
 
-def tracking_uri() -> str:
+def tracking_uri(create: bool = True) -> str:
+    """The store every run logs to (``URI_RULE``); ``create=False`` does not make ``runs/``."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    LOCAL_ROOT.mkdir(parents=True, exist_ok=True)
+    if create:
+        LOCAL_ROOT.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(LOCAL_ROOT / 'mlflow.db').resolve()}"
+
+
+def _local_store_missing(uri: str) -> Path | None:
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        return None if path.is_file() else path
+    return None
 
 
 def setup(experiment: str) -> str:
@@ -52,35 +73,52 @@ def setup(experiment: str) -> str:
 
 
 def register_model(run_id: str, model_name: str, alias: str | None = "champion", artifact_path: str = MODEL_ARTIFACT) -> int:
-    """Register ``runs:/run_id/artifact_path`` as a new version of ``model_name``; return the version."""
-    from mlflow import MlflowClient
+    """Register ``runs:/run_id/artifact_path`` (an MLflow Model) as a new version of ``model_name``."""
+    import mlflow
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient()
+    mlflow_client = client()
     try:
-        client.create_registered_model(model_name)
+        mlflow_client.create_registered_model(model_name)
     except MlflowException:
         pass  # already registered
-    run = client.get_run(run_id)
-    version = client.create_model_version(
-        model_name, source=f"{run.info.artifact_uri}/{artifact_path}", run_id=run_id
-    )
+    mlflow.set_tracking_uri(tracking_uri())
+    version = mlflow_client.create_model_version(model_name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id)
     if alias:
-        client.set_registered_model_alias(model_name, alias, version.version)
+        mlflow_client.set_registered_model_alias(model_name, alias, version.version)
     return int(version.version)
 
 
-def resolve_model(model: str) -> Path:
-    """A local model directory or checkpoint for a path, ``runs:/...`` or ``models:/NAME@alias`` URI."""
-    if model.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
-        import mlflow
+def download_model(model: str) -> Path:
+    """A local model directory for ``models:/NAME@ALIAS``, ``runs:/ID/model`` or a local path. Errors
+    are one line and name what to set; nothing is created when the store is missing."""
+    if not model.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
+        path = Path(model[len("file://"):] if model.startswith("file://") else model)
+        if not path.exists():
+            raise DataError(f"model {model}: no such file or directory; pass a model directory (RUN/model), "
+                            "runs:/ID/model or models:/NAME@ALIAS")
+        return path
+    uri = tracking_uri(create=False)
+    missing = _local_store_missing(uri)
+    if missing is not None:
+        raise DataError(f"model {model}: no MLflow store at {missing}; run from the directory that holds runs/, or "
+                        f"set MLFLOW_TRACKING_URI to the store the model was logged in ({URI_RULE})")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+    from mlflow.exceptions import MlflowException
 
-        mlflow.set_tracking_uri(tracking_uri())
+    mlflow.set_tracking_uri(uri)
+    try:
         return Path(mlflow.artifacts.download_artifacts(model))
-    path = Path(model)
-    if not path.exists():
-        raise FileNotFoundError(f"model {model}: no such file or directory; give a checkpoint path or models:/NAME@champion")
-    return path
+    except MlflowException as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise DataError(f"model {model}: not found in the MLflow store {uri} ({first}); check the name and alias "
+                        "with `seeder ui`, or set MLFLOW_TRACKING_URI") from exc
+    except OSError as exc:
+        raise DataError(f"model {model}: the MLflow store {uri} cannot be reached ({exc}); check MLFLOW_TRACKING_URI") from exc
+
+
+resolve_model = download_model
 
 
 def _ui(args: argparse.Namespace) -> int:
@@ -102,8 +140,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # Per-epoch keys shown in the training-curve plot, one panel each (losses share the first panel).
 CURVE_PANELS = (
-    ("loss", ("loss", "rl_loss", "bpr_loss")),
-    ("reward", ("mean_reward",)),
+    ("loss", ("loss", "loss_reinforce", "loss_bpr")),
+    ("reward", ("reward",)),
     ("validation", ("val_hit_at_1", "val_hit_at_5", "val_mrr", "val_recall_at_20")),
 )
 RUN_FILE = "mlflow_run.json"
@@ -115,26 +153,6 @@ def client(uri: str | None = None):
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri or tracking_uri())
-
-
-def start_or_resume_run(experiment: str, run_name: str, run_dir: str | Path, resume: bool) -> tuple[str, bool]:
-    """The MLflow run of a training run directory: the one recorded in ``run_dir/mlflow_run.json``
-    when resuming (so a resumed run keeps one metric history), else a new run. -> (run_id, resumed)."""
-    record = Path(run_dir) / RUN_FILE
-    uri = tracking_uri()
-    if resume and record.is_file():
-        saved = json.loads(record.read_text())
-        if saved.get("tracking_uri") == uri:
-            try:
-                client(uri).get_run(saved["run_id"])
-                return saved["run_id"], True
-            except Exception:  # deleted run or another store: start a new one below
-                pass
-    experiment_id = setup(experiment)
-    run = client(uri).create_run(experiment_id, run_name=run_name)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "experiment": experiment}))
-    return run.info.run_id, False
 
 
 def log_params(run_id: str, params: dict[str, Any], uri: str | None = None) -> None:
@@ -158,8 +176,23 @@ def log_epoch_metrics(run_id: str, metrics: dict[str, Any], step: int, uri: str 
         for key, value in metrics.items()
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ]
-    if batch:
-        client(uri).log_batch(run_id, metrics=batch)
+    mlflow_client = client(uri)
+    for lo in range(0, len(batch), 900):  # MLflow takes at most 1,000 metrics per batch
+        mlflow_client.log_batch(run_id, metrics=batch[lo : lo + 900])
+
+
+def log_report_run(experiment: str, name: str, params: dict[str, Any], metrics: dict[str, float],
+                   files: list[Path]) -> str:
+    """A finished one-shot run (a benchmark): parameters, metrics at step 0, files as artifacts."""
+    experiment_id = setup(experiment)
+    mlflow_client = client()
+    run_id = mlflow_client.create_run(experiment_id, run_name=name, tags={"seeder.kind": "benchmark"}).info.run_id
+    log_params(run_id, params)
+    log_epoch_metrics(run_id, metrics, step=0)
+    for path in files:
+        mlflow_client.log_artifact(run_id, str(path))
+    mlflow_client.set_terminated(run_id, status="FINISHED")
+    return run_id
 
 
 def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Path:
@@ -188,16 +221,149 @@ def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Pat
     return path
 
 
-def log_training_outputs(
-    run_id: str, model_dir: str | Path, plot: str | Path | None = None, uri: str | None = None, status: str = "FINISHED"
-) -> None:
-    """Upload the model directory as artifact ``model`` (what ``register_model`` points at), the
-    training-curve plot at the artifact root, and close the run with ``status``."""
-    mlflow_client = client(uri)
-    mlflow_client.log_artifacts(run_id, str(model_dir), artifact_path=MODEL_ARTIFACT)
-    if plot is not None:
-        mlflow_client.log_artifact(run_id, str(plot))
-    mlflow_client.set_terminated(run_id, status=status)
+def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> None:
+    """Log a seeder model directory as the run's MLflow Model ``model``: the directory plus an
+    ``MLmodel`` whose pyfunc flavour loads through ``seeder.tracking`` (code from the installed
+    package, no pickle) with a signature: a ``question`` string column in, ranked nodes out."""
+    from mlflow.models import Model, ModelSignature
+    from mlflow.pyfunc import add_to_model
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / MODEL_ARTIFACT
+        shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("MLmodel"))
+        signature = ModelSignature(
+            inputs=Schema([ColSpec("string", "question")]),
+            outputs=Schema([ColSpec("string", "question"), ColSpec("long", "rank"), ColSpec("long", "node"),
+                            ColSpec("string", "name"), ColSpec("double", "score"), ColSpec("long", "step")]),
+            params=ParamSchema([ParamSpec("k", "long", 20)]),
+        )
+        mlmodel = Model(run_id=run_id, artifact_path=MODEL_ARTIFACT, signature=signature)
+        add_to_model(mlmodel, loader_module="seeder.tracking", data=".")
+        mlmodel.save(str(target / "MLmodel"))
+        client(uri).log_artifacts(run_id, str(target), artifact_path=MODEL_ARTIFACT)
+
+
+class _PyfuncRetriever:
+    """What ``mlflow.pyfunc.load_model`` returns for a seeder model: ``predict`` takes a frame with a
+    ``question`` column (or a list of strings) and returns one row per (question, rank)."""
+
+    def __init__(self, path: str):
+        from seeder.retriever import Retriever
+
+        self.retriever = Retriever.load(path)
+
+    def predict(self, model_input, params: dict | None = None):
+        import pandas as pd
+
+        if isinstance(model_input, pd.DataFrame):
+            if "question" not in model_input.columns:
+                raise DataError(f"predict: the input frame has columns {list(model_input.columns)}; it needs 'question'")
+            questions = model_input["question"].astype(str).tolist()
+        else:
+            questions = [str(q) for q in (model_input if isinstance(model_input, (list, tuple)) else [model_input])]
+        k = int((params or {}).get("k", 20))
+        return self.retriever.retrieve_frame(questions, k=k)
+
+
+def _load_pyfunc(path: str) -> _PyfuncRetriever:
+    """MLflow's pyfunc loader hook (``loader_module: seeder.tracking`` in the MLmodel file)."""
+    return _PyfuncRetriever(path)
+
+
+class TrainingRun:
+    """The MLflow run of one training run or sweep trial: parameters, one row of metrics per epoch
+    (the names of ``seeder.train``), the training curve and the model. Talks through ``MlflowClient``
+    only (no global active run), so concurrent trials and Ray workers do not step on each other."""
+
+    def __init__(self, run_id: str, uri: str):
+        self.run_id, self.uri = run_id, uri
+        self.logged_epochs = {m.step for m in client(uri).get_metric_history(run_id, "loss")}
+
+    @classmethod
+    def attach(cls, run_id: str, uri: str) -> "TrainingRun":
+        """The same run from another process (a Ray Train worker)."""
+        return cls(run_id, uri)
+
+    @classmethod
+    def start(cls, experiment: str, name: str, run_dir: str | Path | None, resume: bool, config,
+              extra: dict | None = None) -> "TrainingRun":
+        """A new run, or with ``resume`` the one recorded in ``run_dir`` (a resumed run keeps one
+        metric history)."""
+        uri = tracking_uri()
+        mlflow_client = client(uri)
+        record = Path(run_dir) / RUN_FILE if run_dir is not None else None
+        if resume and record is not None and record.is_file():
+            saved = json.loads(record.read_text())
+            if saved.get("tracking_uri") == uri:
+                try:
+                    mlflow_client.get_run(saved["run_id"])
+                    mlflow_client.update_run(saved["run_id"], status="RUNNING")
+                    return cls(saved["run_id"], uri)
+                except Exception:  # deleted run or another store: start a new one below
+                    pass
+        run = mlflow_client.create_run(setup(experiment), run_name=name, tags={"seeder.kind": "train"})
+        if record is not None:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "experiment": experiment}))
+        log_params(run.info.run_id, {**run_params(config), **(extra or {})}, uri)
+        return cls(run.info.run_id, uri)
+
+    @classmethod
+    def child(cls, uri: str, experiment_id: str, parent_run_id: str, name: str, config, swept: dict[str, str]) -> "TrainingRun":
+        """A sweep trial's run under the sweep's parent run, reopened when the trial resumes."""
+        mlflow_client = client(uri)
+        found = find_child_runs(mlflow_client, experiment_id, parent_run_id, name)
+        if found:
+            mlflow_client.update_run(found[0].info.run_id, status="RUNNING")
+            return cls(found[0].info.run_id, uri)
+        run = mlflow_client.create_run(experiment_id, run_name=name, tags={
+            "mlflow.parentRunId": parent_run_id, "seeder.trial": name, "seeder.kind": "trial"})
+        log_params(run.info.run_id, {**run_params(config), **swept}, uri)
+        return cls(run.info.run_id, uri)
+
+    def log_epoch(self, metrics: dict[str, Any]) -> None:
+        """One epoch's row; an epoch already logged (redone after a resume) keeps its first record."""
+        epoch = int(metrics["epoch"])
+        if epoch in self.logged_epochs:
+            return
+        self.logged_epochs.add(epoch)
+        log_epoch_metrics(self.run_id, {k: v for k, v in metrics.items() if k != "epoch"}, step=epoch, uri=self.uri)
+
+    def log_model(self, model_dir: str | Path) -> None:
+        log_model(self.run_id, model_dir, self.uri)
+
+    def finish(self, model_dir: str | Path | None, history: list[dict[str, Any]], status: str = "FINISHED") -> None:
+        """Log the model and the training curve, and close the run."""
+        mlflow_client = client(self.uri)
+        if model_dir is not None:
+            self.log_model(model_dir)
+        if history:
+            with tempfile.TemporaryDirectory() as tmp:
+                mlflow_client.log_artifact(self.run_id, str(plot_training_curves(history, Path(tmp) / "training_curve.png")))
+        mlflow_client.set_terminated(self.run_id, status=status)
+
+    def fail(self, error: str) -> None:
+        mlflow_client = client(self.uri)
+        mlflow_client.set_tag(self.run_id, "seeder.error", error[:4000])
+        mlflow_client.set_terminated(self.run_id, status="FAILED")
+
+
+def run_params(config) -> dict[str, Any]:
+    """What a training run records: the sections that shape the model (model, train, eval) and those
+    that built its artifacts (embed, reduce, seed, expand, prior); not the synthetic-graph or
+    baseline settings of unrelated stages."""
+    from seeder.config import flatten
+
+    keep = ("model", "train", "eval", "embed", "reduce", "seed", "expand", "prior")
+    return {k: v for k, v in flatten(config).items() if k.split(".")[0] in keep}
+
+
+def find_child_runs(mlflow_client, experiment_id: str, parent_run_id: str, name: str | None = None) -> list:
+    query = f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    if name is not None:
+        query += f" and tags.`seeder.trial` = '{name}'"
+    return mlflow_client.search_runs([experiment_id], filter_string=query, max_results=10_000)
 
 
 def ui_hint() -> str:

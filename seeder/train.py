@@ -1,15 +1,15 @@
-"""Ray-free training of the SeedER policy: one epoch, one evaluation, checkpoints, and a driver.
+"""Training the SeedER policy (paper, Algorithm 2: REINFORCE over M trajectories plus BPR): the one loop.
 
-The library API (what ``pipelines/train.py`` and the Tune trainable wrap):
+- ``build_state(config, feature_dim, steps_per_epoch)``: model, AdamW, warm-up + cosine schedule;
+- ``train_step`` / ``train_epoch``: one minibatch / one epoch over given queries;
+- ``fit(state, train_data, val_data, on_epoch)``: the epoch loop. It owns which queries each epoch
+  (and each data-parallel rank) trains on, the validation sample, the finiteness checks, the best
+  rule (``selection_score``) and the metric names (``EPOCH_METRICS``, ``val_*``);
+- ``save_state`` / ``load_state`` / ``export_best``: checkpoints and models (``seeder.checkpoint``).
 
-- ``TrainingData.from_artifacts(artifacts, split)``: features + bounded subgraphs of one split;
-- ``build_state(config, feature_dim, steps_per_epoch)``: model, AdamW, warm-up + cosine schedule, RNGs;
-- ``train_epoch(state, data)``: one epoch of REINFORCE + BPR (Algorithm 2), returns mean metrics;
-- ``evaluate(model, data, config)``: greedy rollouts (Algorithm 1) -> RetrievalResult + metrics;
-- ``save_checkpoint`` / ``load_checkpoint`` / ``load_model``: everything needed to resume exactly.
-
-``fit`` strings them together (``python -m seeder.train --artifacts A --out RUN``), keeping
-``last.pt`` after every epoch and ``best.pt`` by validation recall_at_20.
+The drivers only say what happens after an epoch: ``python -m seeder.train`` (``main`` below) writes
+``OUT/last`` and ``OUT/model``; ``pipelines/train.py`` reports a Ray Train checkpoint and averages over
+ranks; ``tune/sweep.py`` reports to Tune. Every run logs the same metrics and one model.
 """
 
 from __future__ import annotations
@@ -26,83 +26,30 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
+from seeder import checkpoint
+from seeder.config import ConfigError, SeederConfig, to_dict, training_config
+from seeder.inference import QueryData, Schedule, evaluate
 from seeder.io import DataError
 from seeder.losses import advantages, bpr_loss, reinforce_loss
 from seeder.model import SeedERPolicy
-from seeder.retrieve.base import RetrievalResult
-from seeder.rollout import (
-    QueryBatch,
-    Rollout,
-    make_query_batch,
-    rank_nodes,
-    recall_of_sets,
-    score_whole_subgraph,
-)
-from seeder.subgraphs import SubgraphSet
+from seeder.rollout import QueryBatch, Rollout, recall_of_sets, score_whole_subgraph
 
-CHECKPOINT_VERSION = 1
+EPOCH_METRICS = ("loss", "loss_reinforce", "loss_bpr", "reward", "grad_norm", "epoch_seconds", "trajectories_per_second")
+"""What every driver logs per epoch, besides ``val_<metric>`` for each ``seeder.metrics`` metric,
+``val_seconds`` and ``selection_score``."""
+SELECTION_METRIC = "selection_score"
 
 
-@dataclass
-class TrainingData:
-    """What training and evaluation read: features by row and one split's bounded subgraphs."""
-
-    node_features: np.ndarray  # [N, d], may be a memmap
-    relation_features: np.ndarray  # [2R, d]
-    query_features: np.ndarray  # [Q, d], rows aligned with ``subgraphs``
-    subgraphs: SubgraphSet
-
-    def __post_init__(self) -> None:
-        if len(self.query_features) != len(self.subgraphs):
-            raise DataError(
-                f"{len(self.query_features)} query feature rows for {len(self.subgraphs)} subgraphs; "
-                "pass the rows of the subgraphs' query ids, in order"
-            )
-        if self.relation_features.shape[0] % 2:
-            raise DataError(f"relation features have {self.relation_features.shape[0]} rows; expected 2R")
-
-    @property
-    def feature_dim(self) -> int:
-        return int(self.node_features.shape[1])
-
-    @property
-    def num_relations(self) -> int:
-        return self.relation_features.shape[0] // 2
-
-    @classmethod
-    def from_artifacts(cls, artifacts, split: str) -> "TrainingData":
-        subgraphs = artifacts.subgraphs(split)
-        if len(subgraphs) == 0:
-            raise DataError(f"{artifacts.path}: no subgraphs for split '{split}'; check the dataset's query splits")
-        rows = artifacts.query_rows(subgraphs.query_ids)
-        return cls(
-            node_features=artifacts.node_features,
-            relation_features=np.array(artifacts.relation_features, dtype=np.float32),
-            query_features=np.asarray(artifacts.query_features[rows], dtype=np.float32),
-            subgraphs=subgraphs,
-        )
-
-    def take(self, index: np.ndarray) -> "TrainingData":
-        return TrainingData(self.node_features, self.relation_features, self.query_features[index], self.subgraphs.take(index))
-
-    def batch(self, index: np.ndarray) -> QueryBatch:
-        return make_query_batch(
-            self.subgraphs.take(index), self.node_features, self.query_features[index], self.num_relations
-        )
+class TrainingDiverged(RuntimeError):
+    """A loss or validation metric became NaN or infinite."""
 
 
 def selection_score(val: dict[str, float]) -> float:
-    """What the best checkpoint is kept by: validation Recall@20, ties broken by MRR. Recall@20
-    saturates once every answer is in the top 20 (it does on the synthetic task after two epochs),
-    and later epochs still improve the order inside it; a Recall@20 difference of 0.001 or more still
-    outweighs any MRR difference."""
+    """What the best model is kept by, in every driver: validation Recall@20, ties broken by MRR.
+    Recall@20 saturates once every answer is in the top 20 (it does on the synthetic task after two
+    epochs), and later epochs still improve the order inside it; a Recall@20 difference of 0.001 or
+    more still outweighs any MRR difference."""
     return val["recall_at_20"] + 1e-3 * val["mrr"]
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """Where the model's parameters live; batches and features follow it."""
-    return next(model.parameters()).device
 
 
 @dataclass
@@ -115,31 +62,32 @@ class TrainState:
     steps_per_epoch: int
     epoch: int = 0  # completed epochs
     best_metric: float = -math.inf
+    best_epoch: int = 0
+    best_weights: dict[str, torch.Tensor] | None = None  # CPU copy of the best epoch's weights
     history: list[dict[str, Any]] = field(default_factory=list)
-    order_rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    artifacts: dict[str, Any] = field(default_factory=dict)  # seeder.checkpoint.artifacts_record
     sample_generator: torch.Generator = field(default_factory=torch.Generator)
 
 
-def check_schedule(sizes: list[int], caps: list[int], section: str) -> None:
-    """An expansion schedule (``section``.expansion_sizes / .frontier_caps): one positive c_t per step,
-    each at most its step's frontier cap."""
-    if len(sizes) != len(caps):
-        raise ConfigError(
-            f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must have one entry per expansion step"
-        )
-    if any(int(c) < 1 for c in [*sizes, *caps]):
-        raise ConfigError(f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must be positive")
-    if any(c > cap for c, cap in zip(sizes, caps)):
-        raise ConfigError(f"each {section}.expansion_sizes[t] must be <= {section}.frontier_caps[t]")
-
-
-def _check(config: SeederConfig) -> None:
+def check_config(config: SeederConfig) -> None:
+    """Every training setting that can be wrong, checked before any work starts."""
     train = config.train
-    check_schedule(train.expansion_sizes, train.frontier_caps, "train")
-    if train.mode not in ("seeder", "rerank"):
-        raise ConfigError(f"train.mode={train.mode!r}: use 'seeder' or 'rerank'")
-    if train.num_trajectories < 1 or train.temperature <= 0:
-        raise ConfigError("train.num_trajectories must be >= 1 and train.temperature > 0")
+    Schedule.training(config)  # schedule and mode
+    if 20 not in config.eval.ks:
+        raise ConfigError(f"eval.ks={config.eval.ks} must contain 20: the best epoch is chosen by validation Recall@20")
+    problems = []
+    for name in ("lr", "temperature", "bpr_weight", "grad_clip", "weight_decay"):
+        value = getattr(train, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (value == 0 and name in ("lr", "temperature", "grad_clip")):
+            problems.append(f"train.{name}={value!r} must be a finite number > 0" + (" (or 0)" if name in ("bpr_weight", "weight_decay") else ""))
+    for name in ("epochs", "batch_size", "num_trajectories", "eval_batch_size"):
+        if int(getattr(train, name)) < 1:
+            problems.append(f"train.{name}={getattr(train, name)!r} must be >= 1")
+    for name in ("hidden_dim", "num_layers", "num_heads"):
+        if int(getattr(config.model, name)) < 1:
+            problems.append(f"model.{name}={getattr(config.model, name)!r} must be >= 1")
+    if problems:
+        raise ConfigError("; ".join(problems))
     advantages(torch.zeros(1, 1), train.baseline, torch.zeros(1))  # validates the name
 
 
@@ -157,39 +105,30 @@ def lr_lambda(steps_per_epoch: int, warmup_epochs: int, epochs: int) -> Callable
     return factor
 
 
-def build_state(config: SeederConfig, feature_dim: int, steps_per_epoch: int) -> TrainState:
-    _check(config)
+def build_state(config: SeederConfig, feature_dim: int, steps_per_epoch: int, artifacts: dict | None = None) -> TrainState:
+    """A fresh training state; ``train.init_from`` (a model directory or ``runs:/``/``models:/`` URI)
+    starts from trained weights of the same architecture."""
+    check_config(config)
     torch.manual_seed(config.train.seed)
     model = SeedERPolicy(feature_dim, config.model)
     if config.train.init_from:
-        payload = _read(config.train.init_from)
-        saved_model = to_dict(from_dict(SeederConfig, payload["config"]).model)  # older files: defaults filled in
-        if payload["feature_dim"] != feature_dim or saved_model != to_dict(config.model):
+        start, info = checkpoint.load_model(checkpoint.locate(config.train.init_from))
+        if info.feature_dim != feature_dim or to_dict(info.config.model) != to_dict(config.model):
             raise ConfigError(
-                f"train.init_from={config.train.init_from}: its model ({saved_model}, feature dim "
-                f"{payload['feature_dim']}) differs from this run's ({to_dict(config.model)}, {feature_dim}); "
+                f"train.init_from={config.train.init_from}: its model ({to_dict(info.config.model)}, feature dim "
+                f"{info.feature_dim}) differs from this run's ({to_dict(config.model)}, {feature_dim}); "
                 "use the same model.* settings"
             )
-        model.load_state_dict(payload["model"])
+        model.load_state_dict(start.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(steps_per_epoch, config.train.warmup_epochs, config.train.epochs)
     )
-    generator = torch.Generator()
-    generator.manual_seed(config.train.seed + 1)
-    return TrainState(
-        config=config,
-        feature_dim=feature_dim,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        steps_per_epoch=steps_per_epoch,
-        order_rng=np.random.default_rng(config.train.seed),
-        sample_generator=generator,
-    )
+    return TrainState(config=config, feature_dim=feature_dim, model=model, optimizer=optimizer, scheduler=scheduler,
+                      steps_per_epoch=steps_per_epoch, artifacts=dict(artifacts or {}))
 
 
-def trainable_queries(data: TrainingData, config: SeederConfig) -> np.ndarray:
+def trainable_queries(data: QueryData, config: SeederConfig) -> np.ndarray:
     """Positions of the queries trained on (those with an answer inside their subgraph, by default)."""
     if not config.train.skip_unanswerable:
         return np.arange(len(data.subgraphs))
@@ -199,11 +138,32 @@ def trainable_queries(data: TrainingData, config: SeederConfig) -> np.ndarray:
     return np.flatnonzero(answered > 0)
 
 
-def steps_per_epoch(data: TrainingData, config: SeederConfig) -> int:
+def steps_per_epoch(data: QueryData, config: SeederConfig) -> int:
     n = len(trainable_queries(data, config))
     if config.train.queries_per_epoch:
         n = min(n, config.train.queries_per_epoch)
     return max(1, math.ceil(n / config.train.batch_size))
+
+
+def epoch_queries(pool: np.ndarray, seed: int, epoch: int, rank: int = 0, world: int = 1, queries_per_epoch: int = 0) -> np.ndarray:
+    """This rank's queries of ``epoch`` (0-based): a slice of one permutation seeded by (seed, epoch).
+
+    The order depends on the epoch alone, so a resumed run replays the same epochs, and one worker
+    trains on exactly the queries a Ray-free run would. Every rank gets the same count (the
+    remainder, under ``world`` queries, sits out this epoch), so all ranks take the same number of
+    optimiser steps and meet at every gradient average."""
+    order = np.random.default_rng([seed, epoch]).permutation(pool)
+    if queries_per_epoch:
+        order = order[:queries_per_epoch]
+    per_rank = len(order) // world
+    return order[rank * per_rank : (rank + 1) * per_rank]
+
+
+def steps_per_epoch(data: QueryData, config: SeederConfig, world: int = 1) -> int:
+    n = len(trainable_queries(data, config))
+    if config.train.queries_per_epoch:
+        n = min(n, config.train.queries_per_epoch)
+    return max(1, math.ceil((n // max(world, 1)) / config.train.batch_size))
 
 
 def train_step(state: TrainState, batch: QueryBatch, relation_features: torch.Tensor) -> dict[str, float]:
@@ -251,311 +211,245 @@ def train_step(state: TrainState, batch: QueryBatch, relation_features: torch.Te
 
 
 def train_epoch(
-    state: TrainState, data: TrainingData, progress: Callable[[str], None] | None = None
+    state: TrainState, data: QueryData, positions: np.ndarray, progress: Callable[[int, int, dict], None] | None = None
 ) -> dict[str, float]:
-    """One epoch over (a seeded sample of) the trainable queries; returns the epoch's mean metrics."""
+    """One epoch over the queries at ``positions`` of ``data``, in that order; the epoch's mean metrics.
+    ``progress(done, total, running_means)`` is called after every minibatch."""
     cfg = state.config.train
-    pool = trainable_queries(data, state.config)
-    if len(pool) == 0:
-        raise DataError("no training query has an answer inside its bounded subgraph; check the preprocessing")
-    order = state.order_rng.permutation(pool)
-    if cfg.queries_per_epoch:
-        order = order[: cfg.queries_per_epoch]
-    device = model_device(state.model)
+    device = next(state.model.parameters()).device
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     sums: dict[str, float] = {}
     start = time.perf_counter()
-    num_batches = math.ceil(len(order) / cfg.batch_size)
-    report_every = max(1, num_batches // 10)
+    num_batches = max(1, math.ceil(len(positions) / cfg.batch_size))
     for i in range(num_batches):
-        index = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+        index = positions[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+        if len(index) == 0:
+            break
         metrics = train_step(state, data.batch(index).to(device), relation_features)
         for key, value in metrics.items():
             sums[key] = sums.get(key, 0.0) + value
-        if progress and ((i + 1) % report_every == 0 or i + 1 == num_batches):
-            elapsed = time.perf_counter() - start
-            progress(
-                f"epoch {state.epoch + 1} batch {i + 1}/{num_batches} loss {sums['loss'] / (i + 1):.4f} "
-                f"reward {sums['reward'] / (i + 1):.3f} ({(i + 1) * len(index) / elapsed:.1f} queries/s)"
-            )
+        if progress is not None:
+            progress(i + 1, num_batches, {k: v / (i + 1) for k, v in sums.items()})
     state.epoch += 1
     out = {key: value / num_batches for key, value in sums.items()}
     elapsed = time.perf_counter() - start
     out["epoch_seconds"] = elapsed
     copies = cfg.num_trajectories if cfg.mode == "seeder" else 1
-    out["trajectories_per_second"] = len(order) * copies / elapsed
+    out["trajectories_per_second"] = len(positions) * copies / max(elapsed, 1e-9)
     return out
 
 
-@torch.no_grad()
-def retrieve(
-    model: SeedERPolicy, data: TrainingData, config: SeederConfig, length: int | None = None
-) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
-    """Greedy rollouts (Algorithm 1) of every query in ``data``: the ranking and, per ranked node, the
-    expansion step at which it was reached (0 seeds, t+1 step t, -1 outside the final set) and its score
-    (the model's for the retrieved set, the K-hop filter score for the rest; NaN for padding)."""
-    length = length or config.eval.ranking_length
-    model.eval()
-    device = model_device(model)
-    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
-    results, steps, node_scores = [], [], []
-    batch_size = config.train.eval_batch_size
-    for lo in range(0, len(data.subgraphs), batch_size):
-        index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
-        batch = data.batch(index).to(device)
-        if config.train.mode == "rerank":
-            scores = score_whole_subgraph(model, batch, relation_features)
-            budget = int(config.seed.k0 + sum(config.train.expansion_sizes))
-            top = torch.topk(scores, min(budget, scores.shape[1]), dim=1).indices
-            in_set = torch.zeros_like(batch.valid)
-            in_set.scatter_(1, top, True)
-            in_set &= batch.valid
-            reached_at = torch.where(in_set, 0, -1)
-        else:
-            rollout = Rollout(model, batch, relation_features, copies=1)
-            greedy = torch.ones(batch.num_queries, dtype=torch.bool, device=device)
-            out = rollout.run(config.train.expansion_sizes, config.train.frontier_caps, greedy)
-            in_set, scores, reached_at = out.selected, out.scores, out.reached_at
-        result = rank_nodes(batch, in_set, scores, length)
-        results.append(result)
-        # The step of every ranked node: look up each ranked id among its query's nodes.
-        node_ids = batch.global_nodes.cpu().numpy()
-        ranked = result.ranking
-        match = (ranked[:, :, None] == node_ids[:, None, :]) & (ranked[:, :, None] >= 0)
-        pos = match.argmax(2)
-        step = np.take_along_axis(reached_at.cpu().numpy(), pos, 1)
-        found = match.any(2)
-        steps.append(np.where(found, step, -1))
-        shown = torch.where(in_set, scores, batch.filter_score).cpu().numpy()
-        node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
-    width = max(r.ranking.shape[1] for r in results)
-    result = RetrievalResult(
-        query_ids=np.concatenate([r.query_ids for r in results]),
-        ranking=np.concatenate([r.ranking for r in results]),
-        set_size=np.concatenate([r.set_size for r in results]),
-    )
-    assert result.ranking.shape[1] == width
-    return result, np.concatenate(steps), np.concatenate(node_scores)
+def validation_sample(val_data: QueryData, config: SeederConfig) -> QueryData:
+    """The fixed, seeded sample of ``train.val_queries`` validation queries every epoch is judged on."""
+    n = config.train.val_queries
+    if n and len(val_data.subgraphs) > n:
+        pick = np.random.default_rng(config.train.seed).choice(len(val_data.subgraphs), n, replace=False)
+        return val_data.take(np.sort(pick))
+    return val_data
 
 
-def ranking_metrics(
-    result: RetrievalResult, answer_ptr: np.ndarray, answers: np.ndarray, ks: list[int]
-) -> dict[str, np.ndarray]:
-    """Per-query Hit@k, Recall@k, MRR and Hit/Recall@any (the retrieved set), from ranks alone."""
-    num_q, length = result.ranking.shape
-    span = int(max(answers.max(initial=0), result.ranking.max(initial=0))) + 2
-    answer_query = np.repeat(np.arange(num_q), np.diff(answer_ptr))
-    answer_keys = answer_query * span + answers
-    ranked_keys = np.arange(num_q)[:, None] * span + result.ranking
-    hit = np.isin(ranked_keys, answer_keys) & (result.ranking >= 0)
-    num_answers = np.maximum(np.diff(answer_ptr), 1)
-    out: dict[str, np.ndarray] = {}
-    for k in ks:
-        out[f"hit_at_{k}"] = hit[:, :k].any(1).astype(np.float64)
-        out[f"recall_at_{k}"] = hit[:, :k].sum(1) / num_answers
-    in_set = np.arange(length)[None, :] < result.set_size[:, None]
-    out["hit_at_any"] = (hit & in_set).any(1).astype(np.float64)
-    out["recall_at_any"] = (hit & in_set).sum(1) / num_answers
-    first = np.where(hit.any(1), hit.argmax(1) + 1, np.inf)
-    out["mrr"] = 1.0 / first
-    return out
+def check_finite(metrics: dict[str, Any], epoch: int) -> None:
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        raise TrainingDiverged(
+            f"epoch {epoch}: {', '.join(f'{k}={v}' for k, v in sorted(bad.items()))}; training diverged "
+            "(lower train.lr or train.grad_clip)"
+        )
 
 
-def evaluate(model: SeedERPolicy, data: TrainingData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
-    """Greedy retrieval of every query in ``data`` and its mean metrics (eval.ks cut-offs)."""
-    result, _, _ = retrieve(model, data, config)
-    per_query = ranking_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
-    return result, {key: float(values.mean()) for key, values in per_query.items()}
-
-
-# -- checkpoints ----------------------------------------------------------------------------------
-
-
-def save_checkpoint(state: TrainState, path: str | Path) -> None:
-    """Write model, optimiser, scheduler, epoch, RNG states and config; atomic (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "version": CHECKPOINT_VERSION,
-        "config": to_dict(state.config),
-        "feature_dim": state.feature_dim,
-        "steps_per_epoch": state.steps_per_epoch,
-        "model": state.model.state_dict(),
-        "optimizer": state.optimizer.state_dict(),
-        "scheduler": state.scheduler.state_dict(),
-        "epoch": state.epoch,
-        "best_metric": state.best_metric,
-        "history": state.history,
-        "order_rng": state.order_rng.bit_generator.state,
-        "sample_rng": state.sample_generator.get_state(),
-        "torch_rng": torch.get_rng_state(),
-    }
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-
-
-def _read(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"checkpoint {path} does not exist; train one with `python -m seeder.train --out DIR`")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file
-        raise DataError(f"checkpoint {path} cannot be read ({exc}); retrain or pick another file") from exc
-    if not isinstance(payload, dict) or payload.get("version") != CHECKPOINT_VERSION:
-        raise DataError(f"checkpoint {path} is not a SeedER checkpoint of version {CHECKPOINT_VERSION}")
-    return payload
-
-
-def load_checkpoint(path: str | Path) -> TrainState:
-    """Rebuild the full training state saved by ``save_checkpoint`` (resumes bit for bit on CPU)."""
-    payload = _read(path)
-    config = from_dict(SeederConfig, payload["config"])
-    state = build_state(config, payload["feature_dim"], payload["steps_per_epoch"])
-    state.model.load_state_dict(payload["model"])
-    state.optimizer.load_state_dict(payload["optimizer"])
-    state.scheduler.load_state_dict(payload["scheduler"])
-    state.epoch = payload["epoch"]
-    state.best_metric = payload["best_metric"]
-    state.history = payload["history"]
-    state.order_rng.bit_generator.state = payload["order_rng"]
-    state.sample_generator.set_state(payload["sample_rng"])
-    torch.set_rng_state(payload["torch_rng"])
-    return state
-
-
-def load_model(path: str | Path) -> tuple[SeedERPolicy, SeederConfig]:
-    """The trained policy (eval mode) and its config, for retrieval."""
-    payload = _read(path)
-    config = from_dict(SeederConfig, payload["config"])
-    model = SeedERPolicy(payload["feature_dim"], config.model)
-    model.load_state_dict(payload["model"])
-    model.eval()
-    return model, config
-
-
-# -- driver -----------------------------------------------------------------------------------------
+EpochCallback = Callable[[TrainState, dict[str, Any], bool], None]
 
 
 def fit(
-    config: SeederConfig,
-    train_data: TrainingData,
-    val_data: TrainingData | None,
-    out_dir: str | Path,
-    resume: bool = True,
-    log: Callable[[str], None] = print,
+    state: TrainState,
+    train_data: QueryData,
+    val_data: QueryData | None,
+    on_epoch: EpochCallback | None = None,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    average: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    progress: Callable[[int, int, dict], None] | None = None,
 ) -> TrainState:
-    """Train for ``config.train.epochs``; resume from ``out_dir/last.pt`` when present."""
+    """Train until ``train.epochs``; after each epoch call ``on_epoch(state, metrics, improved)``.
+
+    Data-parallel drivers pass their ``rank``/``world`` (each rank trains its slice of the epoch's
+    queries) and ``average`` (the mean of a metrics dict over the ranks); only the rank given
+    ``val_data`` validates and keeps the best weights. A non-finite loss or metric raises
+    ``TrainingDiverged``."""
+    config = state.config
+    cfg = config.train
+    pool = trainable_queries(train_data, config)
+    if len(pool) == 0:
+        raise DataError("no training query has an answer inside its bounded subgraph; check the preprocessing")
+    if val_data is not None:
+        val_data = validation_sample(val_data, config)
+    while state.epoch < cfg.epochs:
+        epoch = state.epoch
+        positions = epoch_queries(pool, cfg.seed, epoch, rank, world, cfg.queries_per_epoch)
+        # Per-(epoch, rank) random streams: ranks sample differently, and a resumed epoch replays exactly.
+        state.sample_generator.manual_seed(cfg.seed * 1_000_003 + epoch * 1_009 + rank + 1)
+        torch.manual_seed(cfg.seed * 7_919 + epoch * 31 + rank)
+        local = train_epoch(state, train_data, positions, progress)
+        seconds, rate = local.pop("epoch_seconds"), local.pop("trajectories_per_second")
+        metrics: dict[str, Any] = average(local) if average is not None else dict(local)
+        metrics["epoch_seconds"] = seconds
+        metrics["trajectories_per_second"] = rate * world  # the ranks run side by side
+        check_finite(metrics, state.epoch)
+        improved = False
+        if val_data is not None:
+            start = time.perf_counter()
+            _, val = evaluate(state.model, val_data, config)
+            metrics.update({f"val_{k}": v for k, v in val.items()})
+            metrics["val_seconds"] = time.perf_counter() - start
+            metrics[SELECTION_METRIC] = selection_score(val)
+            check_finite(metrics, state.epoch)
+            improved = metrics[SELECTION_METRIC] > state.best_metric
+            if improved:
+                state.best_metric = metrics[SELECTION_METRIC]
+                state.best_epoch = state.epoch
+                module = getattr(state.model, "module", state.model)
+                state.best_weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        metrics["epoch"] = state.epoch
+        state.history.append(metrics)
+        if on_epoch is not None:
+            on_epoch(state, metrics, improved)
+    return state
+
+
+def epoch_line(row: dict[str, Any], epochs: int) -> str:
+    """One line per epoch: losses, reward, validation metrics, time and throughput."""
+    line = (f"epoch {row['epoch']}/{epochs}  loss {row['loss']:.4f} (rl {row['loss_reinforce']:.4f}, "
+            f"bpr {row['loss_bpr']:.4f})  reward {row['reward']:.3f}")
+    if "val_mrr" in row:
+        line += (f"  val hit@1 {row['val_hit_at_1']:.3f} hit@5 {row.get('val_hit_at_5', float('nan')):.3f} "
+                 f"mrr {row['val_mrr']:.3f} recall@20 {row['val_recall_at_20']:.3f}")
+    line += f"  {row['epoch_seconds']:.1f}s"
+    if "val_seconds" in row:
+        line += f" +val {row['val_seconds']:.1f}s"
+    return line + f"  {row['trajectories_per_second']:.0f} traj/s"
+
+
+# -- checkpoints and models (the format lives in seeder.checkpoint) -------------------------------------
+
+
+def _info(state: TrainState, epoch: int, metrics: dict[str, Any]) -> checkpoint.ModelInfo:
+    return checkpoint.ModelInfo(config=state.config, feature_dim=state.feature_dim, artifacts=state.artifacts,
+                                epoch=epoch, metrics={k: v for k, v in metrics.items() if k.startswith("val_")})
+
+
+def save_state(state: TrainState, directory: str | Path) -> Path:
+    """A resumable checkpoint of ``state`` (current weights, optimiser, schedule, history, best weights)."""
+    trainer = {
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "steps_per_epoch": state.steps_per_epoch,
+        "epoch": state.epoch,
+        "best_metric": state.best_metric,
+        "best_epoch": state.best_epoch,
+        "best_weights": state.best_weights,
+        "history": state.history,
+    }
+    last = state.history[-1] if state.history else {}
+    return checkpoint.save_training(directory, state.model, _info(state, state.epoch, last), trainer)
+
+
+def load_state(directory: str | Path) -> TrainState:
+    """The training state saved by ``save_state`` (resumes bit for bit on CPU)."""
+    model, info, trainer = checkpoint.load_training(directory)
+    state = build_state(info.config, info.feature_dim, int(trainer["steps_per_epoch"]), info.artifacts)
+    state.model.load_state_dict(model.state_dict())
+    state.optimizer.load_state_dict(trainer["optimizer"])
+    state.scheduler.load_state_dict(trainer["scheduler"])
+    state.epoch = int(trainer["epoch"])
+    state.best_metric = float(trainer["best_metric"])
+    state.best_epoch = int(trainer["best_epoch"])
+    state.best_weights = trainer["best_weights"]
+    state.history = list(trainer["history"])
+    return state
+
+
+def export_best(state: TrainState, directory: str | Path) -> Path:
+    """The best epoch's weights as a model directory (the current ones when nothing was validated)."""
+    model = SeedERPolicy(state.feature_dim, state.config.model)
+    module = getattr(state.model, "module", state.model)
+    model.load_state_dict(state.best_weights if state.best_weights is not None else module.state_dict())
+    epoch = state.best_epoch or state.epoch
+    row = state.history[epoch - 1] if 0 < epoch <= len(state.history) else {}
+    return checkpoint.save_model(directory, model, _info(state, epoch, row))
+
+
+# -- the Ray-free driver ------------------------------------------------------------------------------
+
+
+def train_run(
+    config: SeederConfig, train_data: QueryData, val_data: QueryData | None, out_dir: str | Path, *,
+    resume: bool = True, artifacts: dict | None = None, log: Callable[[str], None] = print,
+    on_epoch: EpochCallback | None = None,
+) -> TrainState:
+    """Train in this process: ``OUT/last`` after every epoch (resumed from when present) and the best
+    model in ``OUT/model``."""
     if config.train.num_threads:
         torch.set_num_threads(config.train.num_threads)
     out_dir = Path(out_dir)
-    last, best = out_dir / "last.pt", out_dir / "best.pt"
-    if resume and last.is_file():
-        state = load_checkpoint(last)
+    last, best = out_dir / "last", out_dir / checkpoint.MODEL_DIR
+    if resume and checkpoint.is_checkpoint(last):
+        state = load_state(last)
         log(f"resumed from {last} after epoch {state.epoch}")
     else:
-        state = build_state(config, train_data.feature_dim, steps_per_epoch(train_data, config))
-    if val_data is not None and config.train.val_queries and len(val_data.subgraphs) > config.train.val_queries:
-        pick = np.random.default_rng(config.train.seed).choice(len(val_data.subgraphs), config.train.val_queries, replace=False)
-        val_data = val_data.take(np.sort(pick))
-    while state.epoch < config.train.epochs:
-        metrics = train_epoch(state, train_data, progress=log)
-        if val_data is not None:
-            start = time.perf_counter()
-            _, val = evaluate(state.model, val_data, state.config)
-            metrics.update({f"val_{k}": v for k, v in val.items()})
-            metrics["val_seconds"] = time.perf_counter() - start
-        metrics["epoch"] = state.epoch
-        state.history.append(metrics)
-        log(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
-        score = selection_score(val) if val_data is not None else -metrics["loss"]
-        if score > state.best_metric:
-            state.best_metric = score
-            save_checkpoint(state, best)
-        save_checkpoint(state, last)
+        state = build_state(config, train_data.feature_dim, steps_per_epoch(train_data, config), artifacts)
+
+    def after_epoch(state: TrainState, metrics: dict[str, Any], improved: bool) -> None:
+        log(epoch_line(metrics, config.train.epochs))
+        if improved or not (best / checkpoint.DESCRIPTION_FILE).is_file():
+            export_best(state, best)
+        save_state(state, last)
+        if on_epoch is not None:
+            on_epoch(state, metrics, improved)
+
+    fit(state, train_data, val_data, after_epoch)
     return state
 
 
 def main(argv: list[str] | None = None) -> int:
     from seeder.artifacts import open_artifacts
 
-    parser = argparse.ArgumentParser(prog="python -m seeder.train", description="Train the SeedER policy (no Ray).")
+    parser = argparse.ArgumentParser(prog="python -m seeder.train", description="Train the SeedER policy in this process (no Ray).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
-    parser.add_argument("--config", help="YAML config (model/train sections); default: the artifacts' own config")
-    parser.add_argument("--out", required=True, help="run directory for last.pt / best.pt / history.json")
-    parser.add_argument("--no-resume", action="store_true", help="start fresh even if OUT/last.pt exists")
+    parser.add_argument("--config", help="YAML config (model/train/eval sections); default: the artifacts' own config")
+    parser.add_argument("--out", required=True, help="run directory: model/ (the best model), last/ (resume), history.json")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/last (the same flag as pipelines/train.py)")
+    parser.add_argument("--experiment", default="seeder-train", help="MLflow experiment; 'none' skips MLflow")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=3")
     args = parser.parse_args(argv)
     try:
         artifacts = open_artifacts(args.artifacts)
         config = training_config(artifacts.config, args.config, args.overrides)
-        train_data = TrainingData.from_artifacts(artifacts, "train")
-        val_data = TrainingData.from_artifacts(artifacts, "val")
-        state = fit(config, train_data, val_data, args.out, resume=not args.no_resume)
-        Path(args.out, "history.json").write_text(json.dumps(state.history, indent=2))
+        check_config(config)
+        out = Path(args.out)
+        if not args.resume and checkpoint.is_checkpoint(out / "last"):
+            raise DataError(f"{out / 'last'} already holds a training run; pass --resume to continue it, or choose another --out")
+        train_data = QueryData.from_artifacts(artifacts, "train")
+        val_data = QueryData.from_artifacts(artifacts, "val")
+        run = None
+        if args.experiment != "none":
+            from seeder import tracking
+
+            run = tracking.TrainingRun.start(args.experiment, out.resolve().name, out, resume=args.resume, config=config,
+                                             extra={"run.driver": "python -m seeder.train", "run.artifacts": str(artifacts.path)})
+        state = train_run(config, train_data, val_data, out, resume=args.resume,
+                          artifacts=checkpoint.artifacts_record(artifacts),
+                          on_epoch=(lambda s, m, i: run.log_epoch(m)) if run else None)
+        (out / "history.json").write_text(json.dumps(state.history, indent=2))
+        if run is not None:
+            run.finish(out / checkpoint.MODEL_DIR, state.history)
+            print(f"MLflow run {run.run_id}: model at runs:/{run.run_id}/{checkpoint.MODEL_DIR}")
     except (DataError, ConfigError) as exc:
-        print(f"seeder train: error: {exc}", file=sys.stderr)
+        print(f"python -m seeder.train: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def toy_task(num_queries: int = 64, nodes_per_query: int = 30, dim: int = 8, num_relations: int = 3, seed: int = 0):
-    """A tiny learnable retrieval task for tests and smoke runs: (TrainingData, answers decided by structure).
-
-    Each query owns ``nodes_per_query`` fresh nodes: 3 seeds (hop 0), a third of the rest at hop 1 (one
-    edge from a random seed), the others at hop 2 (one edge from a random hop-1 node); relations are
-    random. The answers are the hop-2 nodes reached by the relation path (1, 0) from the seeds, so only a
-    model that reads relations and structure finds them; filter scores are noise.
-    """
-    rng = np.random.default_rng(seed)
-    n = nodes_per_query
-    num_hop1 = (n - 3) // 3
-    hop = np.concatenate([np.zeros(3), np.ones(num_hop1), np.full(n - 3 - num_hop1, 2)]).astype(np.int8)
-    parent = np.concatenate(
-        [rng.integers(0, 3, size=(num_queries, num_hop1)), rng.integers(3, 3 + num_hop1, size=(num_queries, n - 3 - num_hop1))],
-        axis=1,
-    )  # [Q, n-3], local parent of nodes 3..n-1
-    relation = rng.integers(0, num_relations, size=(num_queries, n - 3))
-    parent_rel = np.concatenate([np.full((num_queries, 3), -1), relation], axis=1)  # relation into node
-    grand_rel = np.take_along_axis(parent_rel, np.concatenate([np.zeros((num_queries, 3), int), parent], 1), 1)
-    is_answer = (hop[None, :] == 2) & (parent_rel == 0) & (grand_rel == 1)
-    # Guarantee one answer per query: make node n-1 an answer under hop-1 node 3 reached by relation 1.
-    parent[:, 0] = 0
-    relation[:, 0] = 1
-    parent_rel[:, 3] = 1
-    parent[:, -1] = 3
-    relation[:, -1] = 0
-    parent_rel[:, -1] = 0
-    grand_rel = np.take_along_axis(parent_rel, np.concatenate([np.zeros((num_queries, 3), int), parent], 1), 1)
-    is_answer = (hop[None, :] == 2) & (parent_rel == 0) & (grand_rel == 1)
-    nodes = np.arange(num_queries * n, dtype=np.int64)
-    answers = [nodes[q * n : (q + 1) * n][is_answer[q]] for q in range(num_queries)]
-    answer_ptr = np.zeros(num_queries + 1, dtype=np.int64)
-    answer_ptr[1:] = np.cumsum([len(a) for a in answers])
-    edges_per_query = n - 3
-    subgraphs = SubgraphSet(
-        query_ids=np.arange(num_queries, dtype=np.int64),
-        splits=np.array(["train"] * num_queries, dtype=object),
-        node_ptr=np.arange(num_queries + 1, dtype=np.int64) * n,
-        nodes=nodes,
-        hop=np.tile(hop, num_queries),
-        score=rng.random(num_queries * n).astype(np.float32),
-        is_answer=is_answer.reshape(-1),
-        path_end=np.zeros(num_queries * n, np.float32),
-        edge_ptr=np.arange(num_queries + 1, dtype=np.int64) * edges_per_query,
-        edge_src=parent.reshape(-1).astype(np.int32),
-        edge_dst=np.tile(np.arange(3, n, dtype=np.int32), num_queries),
-        edge_rel=relation.reshape(-1).astype(np.int32),
-        answer_ptr=answer_ptr,
-        answers=np.concatenate(answers),
-    )
-    node_features = rng.normal(size=(num_queries * n, dim)).astype(np.float32)
-    node_features /= np.linalg.norm(node_features, axis=1, keepdims=True)
-    relation_features = rng.normal(size=(2 * num_relations, dim)).astype(np.float32)
-    query_features = rng.normal(size=(num_queries, dim)).astype(np.float32)
-    return TrainingData(node_features, relation_features, query_features, subgraphs)

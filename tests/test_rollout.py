@@ -9,7 +9,8 @@ import torch
 from seeder.config import load_config
 from seeder.model import SeedERPolicy
 from seeder.rollout import Rollout, plackett_luce_log_prob, rank_nodes, sample_top_k
-from seeder.train import retrieve, toy_task
+from seeder.inference import Schedule, retrieve
+from seeder.synth import toy_task
 
 
 def exact_ordered_probability(logits: list[float], order: tuple[int, ...]) -> float:
@@ -103,8 +104,8 @@ def test_rollout_adds_distinct_unselected_nodes_each_step():
 def test_evaluation_is_deterministic_and_rankings_are_full_without_duplicates():
     data, config, model, _, _ = small_setup()
     model.train()  # retrieve must switch dropout off itself
-    first, steps, scores = retrieve(model, data, config, length=30)
-    second, _, _ = retrieve(model, data, config, length=30)
+    first, steps, scores = retrieve(model, data, Schedule.training(config), 30)
+    second, _, _ = retrieve(model, data, Schedule.training(config), 30)
     assert np.array_equal(first.ranking, second.ranking)
     assert (first.set_size == 10).all()
     for q in range(len(data.subgraphs)):

@@ -1,9 +1,10 @@
-"""The Ray-free pieces of sweeps: space parsing, trial names, one trial's loop, child runs, the report."""
+"""The Ray-free pieces of sweeps: space parsing, trial names, one trial, child runs, the report."""
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import pytest
 
 from seeder import sweep as sw
 from seeder.config import ConfigError, SeederConfig, load_config
-from seeder.train import load_checkpoint, toy_task
+from seeder.synth import toy_task
+from seeder.train import TrainingDiverged, load_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,12 +89,6 @@ def test_apply_params_rejects_unknown_keys_and_bad_types():
     assert config.model.num_layers == 4 and type(config.model.num_layers) is int
 
 
-def test_check_finite_raises_on_nan():
-    sw.check_finite({"loss": 0.5, "epoch_seconds": 1.0}, 1)
-    with pytest.raises(sw.TrialDiverged, match="loss=nan"):
-        sw.check_finite({"loss": math.nan}, 2)
-
-
 def tiny_config(**train) -> SeederConfig:
     overrides = ["model.hidden_dim=8", "model.num_layers=1", "train.batch_size=8", "train.num_trajectories=2",
                  "train.epochs=3", "train.warmup_epochs=0", "train.expansion_sizes=[3,3]", "train.frontier_caps=[6,8]"]
@@ -103,28 +99,24 @@ def tiny_config(**train) -> SeederConfig:
 def test_run_trial_reports_every_epoch_and_resumes_from_its_checkpoint(tmp_path):
     data = toy_task(num_queries=24, nodes_per_query=16, dim=8)
     config = tiny_config()
-    seen, saved = [], []
+    seen, saved, bests = [], [], []
 
     def report(metrics, checkpoint_dir):
         seen.append(metrics)
         # The caller copies the directory (as Ray does) before the next epoch replaces it.
-        target = tmp_path / f"epoch{metrics['epoch']}"
-        target.mkdir()
-        for name in ("last.pt", "best.pt"):
-            (target / name).write_bytes((checkpoint_dir / name).read_bytes())
-        saved.append(target)
+        saved.append(Path(shutil.copytree(checkpoint_dir, tmp_path / f"epoch{metrics['epoch']}")))
 
-    best = sw.run_trial(config, data, data, report)
+    best = sw.run_trial(config, data, data, report, on_best=lambda state: bests.append(state.epoch))
     assert [m["epoch"] for m in seen] == [1, 2, 3]
-    assert all(sw.METRIC in m and 0.0 <= m[sw.METRIC] <= 1.0 for m in seen)
+    assert all(sw.METRIC in m and 0.0 <= m[sw.METRIC] <= 1.001 for m in seen)  # recall@20 + 1e-3 mrr
     assert best[sw.METRIC] == max(m[sw.METRIC] for m in seen)
-    best_state = load_checkpoint(saved[-1] / "best.pt")
-    assert best_state.best_metric == best[sw.METRIC]
+    assert bests[0] == 1 and bests[-1] == best["epoch"]
+    assert load_state(saved[-1]).best_metric == best[sw.METRIC]
     # Resuming after epoch 1 trains only epochs 2 and 3 and lands on the same weights (CPU is deterministic).
     resumed = []
-    sw.run_trial(config, data, data, lambda m, d: resumed.append((m, load_checkpoint(d / "last.pt"))), resume_dir=saved[0])
+    sw.run_trial(config, data, data, lambda m, d: resumed.append((m, load_state(d))), resume_dir=saved[0])
     assert [m["epoch"] for m, _ in resumed] == [2, 3]
-    final_a = load_checkpoint(saved[-1] / "last.pt").model.state_dict()
+    final_a = load_state(saved[-1]).model.state_dict()
     final_b = resumed[-1][1].model.state_dict()
     assert all(np.allclose(final_a[k].numpy(), final_b[k].numpy()) for k in final_a)
 
@@ -135,13 +127,13 @@ def test_run_trial_raises_when_the_loss_turns_nan(monkeypatch):
     data = toy_task(num_queries=16, nodes_per_query=16, dim=8)
     real = train.train_epoch
 
-    def nan_epoch(state, data_, progress=None):
-        out = real(state, data_)
+    def nan_epoch(state, data_, positions, progress=None):
+        out = real(state, data_, positions)
         out["loss"] = math.nan
         return out
 
     monkeypatch.setattr(train, "train_epoch", nan_epoch)
-    with pytest.raises(sw.TrialDiverged, match="epoch 1: loss=nan"):
+    with pytest.raises(TrainingDiverged, match="epoch 1: loss=nan"):
         sw.run_trial(tiny_config(), data, data, lambda m, d: None)
 
 
@@ -162,7 +154,7 @@ def test_report_table_plots_and_importances(tmp_path):
     assert list(table["trial"][:3]) == ["t002", "t001", "t003"]  # best first
     assert table["status"].iloc[-1] == "FAILED"
     csv = (tmp_path / "results.csv").read_text().splitlines()
-    assert csv[0].startswith("trial,status,epochs,val_recall_at_20") and len(csv) == 7
+    assert csv[0].startswith("trial,status,epochs,selection_score") and len(csv) == 7
     md = (tmp_path / "results.md").read_text().splitlines()
     assert md[0].startswith("| trial | status") and md[2].startswith("| t002 | FINISHED | 3 | 0.55 | 64 |")
     assert (tmp_path / "metric_vs_params.png").stat().st_size > 5_000
@@ -178,30 +170,33 @@ def test_importances_need_two_differing_trials():
     assert sw.param_importances(sw.results_table(rows, space), space) == {}
 
 
-def test_trial_run_child_runs_in_sqlite(tmp_path):
+def test_trial_child_runs_in_sqlite(tmp_path):
     from mlflow import MlflowClient
+
+    from seeder import tracking
+    from seeder.train import build_state, export_best
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("t", artifact_location=(tmp_path / "art").as_uri())
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     config = tiny_config()
-    run = sw.TrialRun(uri, experiment, parent, "t000-h8", sw.trial_params(config, {"model.hidden_dim": 8}))
-    run.log_epoch({"loss": 1.0, sw.METRIC: 0.2, "epoch": 1}, 1)
-    run.log_epoch({"loss": 0.5, sw.METRIC: 0.4, "epoch": 2}, 2)
-    best = tmp_path / "best.pt"
-    best.write_bytes(b"weights")
-    run.log_best(best, config)
+    run = tracking.TrainingRun.child(uri, experiment, parent, "t000-h8", config, sw.trial_params({"model.hidden_dim": 8}))
+    run.log_epoch({"loss": 1.0, sw.METRIC: 0.2, "epoch": 1})
+    run.log_epoch({"loss": 0.5, sw.METRIC: 0.4, "epoch": 2})
+    run.log_model(export_best(build_state(config, 8, 1), tmp_path / "model"))
     # A resumed trial reopens the same child run instead of creating a second one.
-    again = sw.TrialRun(uri, experiment, parent, "t000-h8", {})
+    again = tracking.TrainingRun.child(uri, experiment, parent, "t000-h8", config, {})
     assert again.run_id == run.run_id
-    again.finish("FAILED", error="TrialDiverged: loss=nan")
+    again.log_epoch({"loss": 9.0, sw.METRIC: 0.9, "epoch": 2})  # an epoch redone after a resume keeps its first record
+    again.fail("TrainingDiverged: loss=nan")
     got = client.get_run(run.run_id)
     assert got.info.status == "FAILED"
-    assert got.data.tags["mlflow.parentRunId"] == parent and got.data.tags["seeder.error"].startswith("TrialDiverged")
+    assert got.data.tags["mlflow.parentRunId"] == parent and got.data.tags["seeder.error"].startswith("TrainingDiverged")
     assert got.data.params["model.hidden_dim"] == "8" and got.data.params["train.expansion_sizes"] == "[3, 3]"
+    assert not any(k.startswith(("synth.", "baselines.")) for k in got.data.params)
     history = client.get_metric_history(run.run_id, sw.METRIC)
     assert [(m.step, m.value) for m in history] == [(1, 0.2), (2, 0.4)]
     files = {f.path for f in client.list_artifacts(run.run_id, "model")}
-    assert files == {"model/checkpoint.pt", "model/config.yaml"}
-    assert len(sw.find_child_runs(client, experiment, parent)) == 1
+    assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= files
+    assert len(tracking.find_child_runs(client, experiment, parent)) == 1

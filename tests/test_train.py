@@ -1,6 +1,7 @@
-"""The Ray-free trainer: learning on a toy task, exact resume from checkpoints, ablation modes, and
-``seeder retrieve`` end to end on a synthetic graph."""
+"""The training loop: learning on a toy task, exact resume from checkpoints, ablation modes, early
+checks of bad settings, safe model loading, and ``seeder retrieve`` end to end on a synthetic graph."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,21 +11,31 @@ import numpy as np
 import pytest
 import torch
 
+from seeder import checkpoint
 from seeder.config import ConfigError, load_config
+from seeder.inference import evaluate
 from seeder.io import DataError
+from seeder.synth import toy_task
 from seeder.train import (
+    EPOCH_METRICS,
+    TrainingDiverged,
     build_state,
-    evaluate,
+    check_config,
+    export_best,
     fit,
-    load_checkpoint,
-    save_checkpoint,
+    load_state,
+    save_state,
     steps_per_epoch,
     train_epoch,
-    toy_task,
+    train_run,
 )
 
 TOY = ["train.expansion_sizes=[3,3]", "train.frontier_caps=[8,10]", "model.hidden_dim=32", "model.num_layers=3",
        "model.dropout=0.0", "train.warmup_epochs=1", "train.lr=3e-3", "train.batch_size=16"]
+
+
+def everything(data):
+    return np.arange(len(data.subgraphs))
 
 
 def test_training_improves_retrieval_on_a_learnable_task():
@@ -32,10 +43,10 @@ def test_training_improves_retrieval_on_a_learnable_task():
     config = load_config(None, [*TOY, "train.epochs=8", "train.lr=5e-3"])
     state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
     _, before = evaluate(state.model, data, config)
-    history = [train_epoch(state, data) for _ in range(8)]
+    history = [train_epoch(state, data, everything(data)) for _ in range(8)]
     _, after = evaluate(state.model, data, config)
     assert history[-1]["reward"] > history[0]["reward"] + 0.1
-    assert after["recall_at_any"] > before["recall_at_any"] + 0.2
+    assert after["recall_any"] > before["recall_any"] + 0.2
     assert after["hit_at_1"] > 0.7 > before["hit_at_1"]
 
 
@@ -46,12 +57,12 @@ def test_ablation_modes_train_and_evaluate(extra):
     config = load_config(None, [*TOY, "train.epochs=2", *extra])
     state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
     before = [p.detach().clone() for p in state.model.parameters()]
-    metrics = train_epoch(state, data)
+    metrics = train_epoch(state, data, everything(data))
     assert np.isfinite(metrics["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, state.model.parameters()))
     result, scores = evaluate(state.model, data, config)
     assert (result.set_size == 3 + 3 + 3).all()
-    assert 0.0 <= scores["recall_at_any"] <= 1.0
+    assert 0.0 <= scores["recall_any"] <= 1.0
 
 
 @pytest.fixture
@@ -62,77 +73,114 @@ def deterministic_kernels():
     torch.use_deterministic_algorithms(False)
 
 
+class Interrupt(Exception):
+    pass
+
+
 def test_resuming_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, deterministic_kernels):
     data = toy_task(32, 30, 8, seed=2)
-    config = load_config(None, [*TOY, "model.dropout=0.1", "train.epochs=2"])
-    straight = build_state(config, data.feature_dim, steps_per_epoch(data, config))
-    train_epoch(straight, data)
-    save_checkpoint(straight, tmp_path / "epoch1.pt")
-    train_epoch(straight, data)
+    config = load_config(None, [*TOY, "model.dropout=0.1", "train.epochs=3"])
+    straight = fit(build_state(config, data.feature_dim, steps_per_epoch(data, config)), data, data)
 
-    torch.manual_seed(123)  # disturb the global RNG: the checkpoint must restore it
-    resumed = load_checkpoint(tmp_path / "epoch1.pt")
+    def stop_after_first(state, metrics, improved):
+        save_state(state, tmp_path / "ckpt")
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        fit(build_state(config, data.feature_dim, steps_per_epoch(data, config)), data, data, stop_after_first)
+    torch.manual_seed(123)  # disturb the global RNG: every epoch reseeds its streams
+    resumed = load_state(tmp_path / "ckpt")
     assert resumed.epoch == 1
-    train_epoch(resumed, data)
+    fit(resumed, data, data)
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert straight.scheduler.state_dict() == resumed.scheduler.state_dict()
-    assert straight.optimizer.state_dict()["state"][0]["step"] == resumed.optimizer.state_dict()["state"][0]["step"]
+    assert [h["val_mrr"] for h in straight.history] == [h["val_mrr"] for h in resumed.history]
+    assert straight.best_epoch == resumed.best_epoch
+    for name, a in straight.best_weights.items():
+        assert torch.equal(a, resumed.best_weights[name]), name
 
 
-def test_fit_keeps_best_and_last_and_resumes(tmp_path):
+def test_train_run_writes_the_best_model_and_resumes(tmp_path):
     data = toy_task(32, 30, 8, seed=3)
     config = load_config(None, [*TOY, "train.epochs=2"])
     logs = []
-    state = fit(config, data, data, tmp_path, log=logs.append)
-    assert (tmp_path / "last.pt").is_file() and (tmp_path / "best.pt").is_file()
+    state = train_run(config, data, data, tmp_path, log=logs.append)
+    assert checkpoint.is_checkpoint(tmp_path / "last")
+    model, info = checkpoint.load_model(tmp_path / "model")
+    assert info.epoch == state.best_epoch and info.metrics["val_recall_at_20"] == state.history[state.best_epoch - 1]["val_recall_at_20"]
     assert [h["epoch"] for h in state.history] == [1, 2]
-    assert "val_recall_at_20" in state.history[0]
-    longer = load_config(None, [*TOY, "train.epochs=2"])
-    again = fit(longer, data, data, tmp_path, log=logs.append)  # already done: resumes, trains nothing
+    assert set(EPOCH_METRICS) <= set(state.history[0]) and {"val_recall_at_20", "val_hit_any", "selection_score"} <= set(state.history[0])
+    again = train_run(config, data, data, tmp_path, log=logs.append)  # already done: resumes, trains nothing
     assert again.epoch == 2 and any("resumed" in line for line in logs)
+    # The exported model ranks exactly as the best epoch's weights did in training.
+    best = build_state(config, data.feature_dim, 1)
+    best.model.load_state_dict(state.best_weights)
+    assert evaluate(model, data, config)[1] == evaluate(best.model, data, config)[1]
 
 
-def test_init_from_starts_from_trained_weights_with_a_fresh_schedule(tmp_path):
+def test_init_from_starts_from_a_trained_model_with_a_fresh_schedule(tmp_path):
     data = toy_task(32, 30, 8, seed=4)
     config = load_config(None, [*TOY, "train.epochs=1"])
     trained = build_state(config, data.feature_dim, steps_per_epoch(data, config))
-    train_epoch(trained, data)
-    save_checkpoint(trained, tmp_path / "trained.pt")
-    more = load_config(None, [*TOY, "train.epochs=3", f"train.init_from={tmp_path / 'trained.pt'}"])
+    train_epoch(trained, data, everything(data))
+    export_best(trained, tmp_path / "trained")
+    more = load_config(None, [*TOY, "train.epochs=3", f"train.init_from={tmp_path / 'trained'}"])
     state = build_state(more, data.feature_dim, steps_per_epoch(data, more))
     for (name, a), b in zip(trained.model.state_dict().items(), state.model.state_dict().values()):
         assert torch.equal(a, b), name
     assert state.epoch == 0 and state.scheduler.last_epoch == 0  # weights only: a fresh run
-    # A checkpoint written before a model option existed still matches (its default is filled in).
-    payload = torch.load(tmp_path / "trained.pt", weights_only=False)
-    del payload["config"]["model"]["step_relations"]
-    torch.save(payload, tmp_path / "older.pt")
-    build_state(load_config(None, [*TOY, f"train.init_from={tmp_path / 'older.pt'}"]), data.feature_dim, 1)
-    wider = load_config(None, [*TOY, "model.hidden_dim=64", f"train.init_from={tmp_path / 'trained.pt'}"])
+    wider = load_config(None, [*TOY, "model.hidden_dim=64", f"train.init_from={tmp_path / 'trained'}"])
     with pytest.raises(ConfigError, match="same model"):
         build_state(wider, data.feature_dim, 1)
-    with pytest.raises(DataError, match="does not exist"):
-        build_state(load_config(None, [*TOY, f"train.init_from={tmp_path / 'missing.pt'}"]), data.feature_dim, 1)
+    with pytest.raises(DataError, match="no such file"):
+        build_state(load_config(None, [*TOY, f"train.init_from={tmp_path / 'missing'}"]), data.feature_dim, 1)
 
 
-def test_bad_inputs_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="one entry per expansion step"):
-        build_state(load_config(None, ["train.expansion_sizes=[3]", "train.frontier_caps=[8,10]"]), 8, 1)
-    with pytest.raises(ConfigError, match="baseline"):
-        build_state(load_config(None, ["train.baseline=mean"]), 8, 1)
-    with pytest.raises(DataError, match="does not exist"):
-        load_checkpoint(tmp_path / "missing.pt")
-    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=-1", "train.lr"), ("train.lr=nan", "train.lr"), ("train.epochs=0", "train.epochs"),
+    ("train.batch_size=0", "train.batch_size"), ("model.hidden_dim=0", "model.hidden_dim"),
+    ("train.expansion_sizes=[3]", "one entry per expansion step"), ("train.baseline=mean", "baseline"),
+])
+def test_bad_settings_are_refused_before_any_work(override, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(load_config(None, [*TOY, override]))
+
+
+def test_a_diverging_run_stops_with_a_clear_error():
+    data = toy_task(16, 30, 8, seed=5)
+    config = load_config(None, [*TOY, "train.epochs=1"])
+    state = build_state(config, data.feature_dim, 1)
+    with torch.no_grad():
+        next(state.model.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingDiverged, match="diverged"):
+        fit(state, data, data)
+
+
+def test_loading_never_runs_code_from_a_model_file(tmp_path):
+    data = toy_task(16, 30, 8, seed=6)
+    config = load_config(None, [*TOY, "train.epochs=1"])
+    export_best(build_state(config, data.feature_dim, 1), tmp_path / "model")
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"weights": Payload()}, tmp_path / "model" / checkpoint.WEIGHTS_FILE)
     with pytest.raises(DataError, match="cannot be read"):
-        load_checkpoint(tmp_path / "junk.pt")
+        checkpoint.load_model(tmp_path / "model")
+    assert not marker.exists()
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(DataError, match="seeder_model.json"):
+        checkpoint.load_model(tmp_path / "junk")
 
 
 # -- end to end: synth -> preprocess -> train -> seeder retrieve --------------------------------
 
 
-def _run(args, **kwargs):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
+def _run(args, env_extra=None, **kwargs):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", **(env_extra or {}))
     return subprocess.run(args, capture_output=True, text=True, env=env, check=False, **kwargs)
 
 
@@ -148,27 +196,27 @@ def test_seeder_retrieve_returns_the_answer_of_a_trained_model(tmp_path):
                  "--out", str(tmp_path / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1", "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32",
                  "expand.budget=60", "expand.keep_per_hop=[30,30]"])
     assert done.returncode == 0, done.stderr[-3000:]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = _run([sys.executable, "-m", "seeder.train", "--artifacts", str(tmp_path / "art"), "--out", str(tmp_path / "run"),
                  "train.epochs=10", "train.warmup_epochs=1", "train.expansion_sizes=[5]", "train.frontier_caps=[20]",
-                 "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"])
+                 "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"], cwd=tmp_path,
+                env_extra={"MLFLOW_TRACKING_URI": store})
     assert done.returncode == 0, done.stderr[-3000:]
+    run_id = done.stdout.split("MLflow run ")[1].split(":")[0]
 
-    from seeder.artifacts import open_artifacts
-    from seeder.retrieve.learned import load_retriever
-    from seeder.train import ranking_metrics
+    from seeder import Retriever
+    from seeder.metrics import per_query_metrics
 
-    artifacts = open_artifacts(tmp_path / "art")
+    retriever = Retriever.load(tmp_path / "run" / "model")  # the model knows its artifacts
+    artifacts = retriever.artifacts
     queries = artifacts.dataset.queries_of("val").to_pylist()
-    retriever = load_retriever(artifacts, artifacts.config, str(tmp_path / "run" / "best.pt"))
-    subgraphs = artifacts.subgraphs("val")
-    result = retriever.retrieve(subgraphs, artifacts.query_features[artifacts.query_rows(subgraphs.query_ids)])
-    hit1 = ranking_metrics(result, subgraphs.answer_ptr, subgraphs.answers, [1])["hit_at_1"]
+    result, subgraphs = retriever.rank_split("val")
+    hit1 = per_query_metrics(result, subgraphs.answer_ptr, subgraphs.answers, [1])["hit_at_1"]
     # The CLI on one question whose answer the model ranks first on the artifacts' own subgraph.
     first_hit = int(np.flatnonzero(hit1 > 0)[0])
     qid = int(subgraphs.query_ids[first_hit])
     question = next(q for q in queries if q["id"] == qid)
-    done = _run([seeder, "retrieve", "--model", str(tmp_path / "run" / "best.pt"), "--artifacts", str(tmp_path / "art"),
-                 question["text"], "-k", "5"])
+    done = _run([seeder, "retrieve", "--model", str(tmp_path / "run" / "model"), question["text"], "-k", "5"])
     assert done.returncode == 0, done.stderr[-3000:]
     names = artifacts.dataset.nodes.column("name").to_pylist()
     lines = done.stdout.splitlines()
@@ -176,6 +224,21 @@ def test_seeder_retrieve_returns_the_answer_of_a_trained_model(tmp_path):
     assert int(top[1]) in question["answers"], done.stdout
     assert names[int(top[1])] in lines[2]
     assert hit1.mean() > 0.5
+    # The plain run logged an MLflow Model: the standard pyfunc loader ranks the same way.
+    import mlflow
+    import pandas as pd
+
+    mlflow.set_tracking_uri(store)
+    frame = mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(pd.DataFrame({"question": [question["text"]]}))
+    assert int(frame["node"].iloc[0]) == int(top[1]) and frame["rank"].tolist()[:3] == [1, 2, 3]
+    # Batch retrieval: a file of questions in, one JSON line per question out, the same top node.
+    (tmp_path / "questions.txt").write_text(question["text"] + "\n\n" + queries[0]["text"] + "\n")
+    done = _run([seeder, "retrieve", "--model", str(tmp_path / "run" / "model"), "--file", str(tmp_path / "questions.txt"),
+                 "--out", str(tmp_path / "out.jsonl"), "-k", "3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in rows] == [question["text"], queries[0]["text"]]
+    assert rows[0]["nodes"][0]["id"] == int(top[1]) and len(rows[0]["nodes"]) == 3
 
 
 def test_selection_score_is_recall_at_20_with_ties_broken_by_mrr():

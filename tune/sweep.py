@@ -81,7 +81,7 @@ class InterruptWatch(logging.Handler):
             self.seen = True
 
 
-def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRun, uri: str, workers: int, use_gpu: bool,
+def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: int, use_gpu: bool,
                       cpus_per_worker: float) -> None:
     """A trial on several workers: Ray Train's TorchTrainer inside the trial (pipelines/train.py).
 
@@ -92,17 +92,17 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRu
 
     sys.path.insert(0, str(REPO_ROOT))  # this runs in a Ray worker, whose path lacks the repo root
     from pipelines import train as ray_train  # noqa: PLC0415
+    from seeder import train as lib  # noqa: PLC0415
 
     result = ray_train.run_training(
         config, artifacts_path, storage=tune.get_context().get_trial_dir(), name="train", num_workers=workers,
-        use_gpu=use_gpu, cpus_per_worker=cpus_per_worker, mlflow_run_id=run.run_id, mlflow_uri=uri,
+        use_gpu=use_gpu, cpus_per_worker=cpus_per_worker, mlflow_run_id=run.run_id, mlflow_uri=run.uri,
     )
-    best = result.get_best_checkpoint(ray_train.SCORE_METRIC, "max")
-    if best is not None:
-        with best.as_directory() as directory:
-            run.log_best(Path(directory) / ray_train.CHECKPOINT_FILE, config)
+    state = ray_train.final_state(result, "trial")
+    with tempfile.TemporaryDirectory() as directory:
+        run.log_model(lib.export_best(state, Path(directory) / "model"))
     for row in result.metrics_dataframe.to_dict("records"):
-        tune.report({**row, sw.METRIC: row[ray_train.SCORE_METRIC]})
+        tune.report(row)
 
 
 def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float,
@@ -111,43 +111,50 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
     import torch
     from ray import tune
 
+    from seeder import train as lib
+    from seeder import tracking as mlflow_runs
     from seeder.artifacts import open_artifacts
-    from seeder.train import TrainingData
+    from seeder.inference import QueryData
 
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
     name = tune.get_context().get_trial_name()  # name_of's t003-h32-l3-lr1e-3-d0.1
     run = None
     try:
         config = sw.apply_params(from_dict(SeederConfig, base_config), params)
-        run = sw.TrialRun(tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name, sw.trial_params(config, params))
+        run = mlflow_runs.TrainingRun.child(tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name,
+                                            config, sw.trial_params(params))
         if workers > 1:
-            distributed_trial(config, artifacts_path, run, tracking["uri"], workers, gpus > 0, cpus)
-            run.finish("FINISHED")
+            distributed_trial(config, artifacts_path, run, workers, gpus > 0, cpus)
+            run.finish(None, [])
             return
         artifacts = open_artifacts(artifacts_path)
-        train_data = TrainingData.from_artifacts(artifacts, "train")
-        val_data = TrainingData.from_artifacts(artifacts, "val")
+        train_data = QueryData.from_artifacts(artifacts, "train")
+        val_data = QueryData.from_artifacts(artifacts, "val")
         checkpoint = tune.get_checkpoint()
 
         def report(metrics: dict, checkpoint_dir: Path) -> None:
-            run.log_epoch(metrics, int(metrics["epoch"]))
+            run.log_epoch(metrics)
             if int(metrics["epoch"]) >= config.train.epochs:
                 # Tune ends a trial that reaches max_t inside this last report: mark it finished first,
                 # or an interrupted sweep would leave completed trials RUNNING in MLflow.
-                run.finish("FINISHED")
+                run.finish(None, [])
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+
+        def log_best(state) -> None:
+            with tempfile.TemporaryDirectory() as directory:
+                run.log_model(lib.export_best(state, Path(directory) / "model"))
 
         if checkpoint is not None:
             with checkpoint.as_directory() as resume_dir:
-                sw.run_trial(config, train_data, val_data, report, Path(resume_dir), on_best=run.log_best)
+                sw.run_trial(config, train_data, val_data, report, Path(resume_dir), on_best=log_best)
         else:
-            sw.run_trial(config, train_data, val_data, report, on_best=run.log_best)
-        run.finish("FINISHED")
+            sw.run_trial(config, train_data, val_data, report, on_best=log_best)
+        run.finish(None, [])
     except BaseException as exc:
         # ASHA stopping a trial ends its thread from inside tune.report: not a failure (the driver
         # marks such runs FINISHED with seeder.stopped_early); anything else is.
         if run is not None and isinstance(exc, Exception):
-            run.finish("FAILED", error=f"{type(exc).__name__}: {exc}")
+            run.fail(f"{type(exc).__name__}: {exc}")
         raise
 
 
@@ -172,7 +179,9 @@ def collect(result_grid, epochs: int) -> list[dict]:
 
 def finish_child_runs(client, experiment_id: str, parent_run_id: str, records: list[dict]) -> dict[str, str]:
     """Each trial's child run gets its final status; returns trial name -> run id."""
-    runs = {r.data.tags.get("seeder.trial"): r for r in sw.find_child_runs(client, experiment_id, parent_run_id)}
+    from seeder.tracking import find_child_runs
+
+    runs = {r.data.tags.get("seeder.trial"): r for r in find_child_runs(client, experiment_id, parent_run_id)}
     ids = {}
     for record in records:
         run = runs.get(record["trial"])
@@ -262,12 +271,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     storage = args.storage if "://" in args.storage else str(Path(args.storage).resolve())
     experiment_dir = Path(storage) / name if "://" not in storage else None
 
-    import mlflow
-    from mlflow import MlflowClient
-
     experiment_id = tracking.setup(args.experiment)
-    uri = mlflow.get_tracking_uri()
-    client = MlflowClient(uri)
+    uri = tracking.tracking_uri()
+    client = tracking.client(uri)
     state_path = experiment_dir / STATE_FILE if experiment_dir else None
 
     import ray

@@ -9,10 +9,13 @@ Two sources of seeds:
 - given (optional): the node a query attribute names (MetaQA's bracketed topic entity, ``topic_id``),
   the setting in which KGQA systems such as NSM and ReaRev are measured.
 
-``select_seeds`` combines them per ``seed.strategy``.
+``select_seeds`` combines them per ``seed.strategy``; ``seed_queries`` is the one entry point, shared
+by preprocessing and by the retriever that seeds new questions.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +24,9 @@ import pyarrow.compute as pc
 from seeder.config import ConfigError, SeedConfig
 from seeder.io import DataError
 
-STRATEGIES = ("dense", "entity", "dense+entity")
+STRATEGIES = ("dense", "entity", "dense+entity")  # what select_seeds combines
+# Every seed.strategy: bm25 and hybrid come from the baselines, given reads a query attribute.
+SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
 MAX_NGRAM = 12
 """Longest name, in tokens, that entity linking looks for (longer names are ignored)."""
 STOP_WORDS = frozenset(
@@ -330,3 +335,52 @@ def select_seeds(
     out_ids[q[keep], rank[keep]] = ids[keep]
     out_scores[q[keep], rank[keep]] = scores[keep]
     return out_ids, out_scores
+
+
+def seed_queries(
+    kg,
+    config,
+    query_features: np.ndarray,
+    node_features: np.ndarray,
+    texts: list[str] | None = None,
+    query_ids: np.ndarray | None = None,
+    linker: "EntityLinker | None" = None,
+    given: list[np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds of some queries per ``config.seed.strategy``, for preprocessing and for new questions
+    alike: (ids int64 [Q, k0] padded -1, scores float32 padded -inf).
+
+    ``texts`` are needed by every strategy but ``dense`` and ``given``; ``given`` reads the dataset's
+    ``seed.given_attribute`` of ``query_ids`` unless the topic nodes are passed (``given``: one array
+    per query; a new question without one is seeded densely). Pass a prebuilt ``linker`` to reuse its
+    name index across calls."""
+    cfg = config.seed
+    if cfg.strategy not in SEED_STRATEGIES:
+        raise ConfigError(f"seed.strategy={cfg.strategy!r}; use one of {', '.join(SEED_STRATEGIES)}")
+    if cfg.strategy not in ("dense", "given") and texts is None:
+        raise ConfigError(f"seed.strategy={cfg.strategy!r} needs the query texts")
+    combine, linked = cfg.strategy, None
+    if cfg.strategy == "hybrid":
+        from seeder.retrieve.baselines.bm25 import hybrid_seeds
+
+        # Reciprocal rank fusion of BM25 and dense replaces the dense ranking.
+        dense_ids, dense_scores = hybrid_seeds(kg, texts, query_features, node_features, cfg.k0, config.baselines)
+        combine = "dense"
+    else:
+        dense_ids, dense_scores = dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
+    if cfg.strategy == "bm25":
+        from seeder.retrieve.baselines.bm25 import bm25_seeds
+
+        # BM25 seeds first; dense seeds fill queries that share no term with any node text.
+        bm25_ids, _ = bm25_seeds(kg, texts, cfg.k0, config.baselines)
+        linked = [row[row >= 0] for row in bm25_ids]
+        combine = "dense+entity"
+    elif cfg.strategy in ("entity", "dense+entity"):
+        linked = (linker or EntityLinker(kg, cfg)).link(texts)
+    elif cfg.strategy == "given":
+        linked = given if given is not None else given_seeds(kg, query_ids, cfg.given_attribute)
+        combine = "dense+entity"  # the given node first; dense seeds fill queries without one
+    seeds, scores = select_seeds(
+        dataclasses.replace(cfg, strategy=combine), dense_ids, dense_scores, linked, query_features, node_features
+    )
+    return np.asarray(seeds, dtype=np.int64), np.asarray(scores, dtype=np.float32)

@@ -118,23 +118,27 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_p
     assert [row["epoch"] for row in history] == [1, 2, 3]
     assert all(np.isfinite(row["loss"]) and 0.0 <= row["val_recall_at_20"] <= 1.0 for row in history)
     best_recall = max(row["val_recall_at_20"] for row in history)
-    from seeder.train import load_checkpoint
+    from seeder import checkpoint
+    from seeder.train import load_state
 
-    state = load_checkpoint(out / "best.pt")
-    # The kept best.pt is an epoch with the best validation recall; among tied epochs (frequent on this
+    _, info = checkpoint.load_model(out / "model")
+    # The kept model is an epoch with the best validation recall; among tied epochs (frequent on this
     # tiny set), the one with the best MRR.
-    best_row = history[state.epoch - 1]
+    best_row = history[info.epoch - 1]
     assert best_row["val_recall_at_20"] == pytest.approx(best_recall)
     tied = [row for row in history if row["val_recall_at_20"] == pytest.approx(best_recall)]
     assert best_row["val_mrr"] == pytest.approx(max(row["val_mrr"] for row in tied))
-    assert state.best_metric == pytest.approx(best_row["val_recall_at_20"] + 1e-3 * best_row["val_mrr"])
-    assert (out / "config.yaml").is_file() and (out / "training_curve.png").stat().st_size > 1000
+    assert info.metrics["val_mrr"] == pytest.approx(best_row["val_mrr"])
+    assert (out / "training_curve.png").stat().st_size > 1000
     # Each of the two workers trains on its half of the trainable queries: the schedule counts its steps.
     from seeder.artifacts import open_artifacts
-    from seeder.train import TrainingData, trainable_queries
+    from seeder.inference import QueryData
+    from seeder.train import trainable_queries
 
-    trainable = len(trainable_queries(TrainingData.from_artifacts(open_artifacts(artifacts), "train"), state.config))
-    assert state.steps_per_epoch == -(-(trainable // 2) // 8)
+    last = load_state(max((out / "ray" / "train").glob("epoch_*")) / pipeline.CHECKPOINT_DIR)
+    assert last.epoch == 3 and last.best_epoch == info.epoch
+    trainable = len(trainable_queries(QueryData.from_artifacts(open_artifacts(artifacts), "train"), last.config))
+    assert last.steps_per_epoch == -(-(trainable // 2) // 8)
 
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     from mlflow import MlflowClient
@@ -143,21 +147,27 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_p
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["train.epochs"] == "3" and run.data.params["run.num_workers"] == "2"
-    for key in ("loss", "rl_loss", "bpr_loss", "mean_reward", "val_hit_at_1", "val_hit_at_5", "val_mrr",
-                "val_recall_at_20", "trajectories_per_second"):
+    for key in ("loss", "loss_reinforce", "loss_bpr", "reward", "val_hit_at_1", "val_hit_at_5", "val_mrr",
+                "val_recall_at_20", "selection_score", "trajectories_per_second"):
         assert [step for step, _ in metric_history(tmp_path, run_id, key)] == [1, 2, 3], key
     assert metric_history(tmp_path, run_id, "loss") == [(r["epoch"], pytest.approx(r["loss"])) for r in history]
     artifacts_logged = {a.path for a in client.list_artifacts(run_id, "model")}
-    assert artifacts_logged == {"model/best.pt", "model/config.yaml"}
+    assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= artifacts_logged
     assert "training_curve.png" in {a.path for a in client.list_artifacts(run_id)}
 
-    # The best checkpoint serves retrieval through the evaluation command.
-    report = tmp_path / "eval.json"
+    # The best model serves retrieval through the evaluation command, from the run directory and from MLflow.
     from seeder.cli import main
 
-    assert main(["evaluate", "--artifacts", str(artifacts), "--method", "seeder", "--model", str(out / "best.pt"),
-                 "--split", "val", "--json", str(report)]) == 0
-    assert report.is_file()
+    for model in (str(out / "model"), f"runs:/{run_id}/model"):
+        report = tmp_path / "eval.json"
+        report.unlink(missing_ok=True)
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        try:
+            assert main(["evaluate", "--artifacts", str(artifacts), "--method", "seeder", "--model", model,
+                         "--split", "val", "--json", str(report)]) == 0
+        finally:
+            os.environ.pop("MLFLOW_TRACKING_URI")
+        assert report.is_file()
 
     # A second run into the same directory without --resume is refused before Ray starts.
     capsys.readouterr()
@@ -172,7 +182,7 @@ def test_killed_run_resumes_from_its_checkpoint(artifacts, tmp_path):
     killed = run_train(args, tmp_path, extra_env={"SEEDER_TRAIN_EXIT_AFTER_EPOCH": "1"})
     assert killed.returncode == 1, killed.stdout[-3000:] + killed.stderr[-5000:]
     assert "epoch 1/3" in killed.stdout and "epoch 2/3" not in killed.stdout
-    assert not (out / "best.pt").exists()
+    assert not (out / "model").exists()
 
     resumed = run_train([*args, "--resume"], tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
@@ -224,25 +234,40 @@ def test_more_workers_than_queries_is_refused(pipeline, artifacts, tmp_path, cap
 
 def test_relative_init_from_reaches_workers_as_an_absolute_path(pipeline, artifacts, tmp_path, monkeypatch, capsys):
     # Ray Train workers run in their own directories: a path relative to the driver's must be resolved.
-    (tmp_path / "older").mkdir()
-    (tmp_path / "older" / "best.pt").write_bytes(b"weights")
+    (tmp_path / "older" / "model").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    job = pipeline.prepare_job(str(artifacts), None, [*TINY, "train.init_from=older/best.pt"], str(tmp_path / "run"), 2)
-    assert job.config.train.init_from == str(tmp_path / "older" / "best.pt")
+    job = pipeline.prepare_job(str(artifacts), None, [*TINY, "train.init_from=older/model"], str(tmp_path / "run"), 2)
+    assert job.config.train.init_from == str(tmp_path / "older" / "model")
     assert pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), *TINY,
-                          "train.init_from=older/missing.pt"]) == 2
+                          "train.init_from=older/missing"]) == 2
     err = capsys.readouterr().err
-    assert "older/missing.pt" in err and "checkpoint" in err
+    assert "older/missing" in err and "model directory" in err
     assert not ray_started() and not (tmp_path / "run").exists()
 
 
-def test_epoch_shards_are_disjoint_equal_and_reseeded_per_epoch(pipeline):
-    epoch_shard = pipeline.epoch_shard
-    pool = np.arange(100, 203)
-    shards = [epoch_shard(pool, 0, 0, rank, 4) for rank in range(4)]
-    assert {len(s) for s in shards} == {25}  # 103 // 4: every rank takes the same number of steps
-    joined = np.concatenate(shards)
-    assert len(np.unique(joined)) == 100 and np.isin(joined, pool).all()
-    assert not np.array_equal(epoch_shard(pool, 0, 1, 0, 4), shards[0])
-    assert np.array_equal(epoch_shard(pool, 0, 0, 2, 4), shards[2])
-    assert len(epoch_shard(pool, 0, 0, 1, 4, queries_per_epoch=40)) == 10
+@pytest.mark.slow
+def test_ray_free_and_one_worker_ray_train_runs_agree(artifacts, tmp_path):
+    """The same loop behind both drivers: same metric names, same validation metrics epoch by epoch
+    (one worker trains on exactly the Ray-free run's queries, with the same random streams)."""
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", MLFLOW_DISABLE_TELEMETRY="true")
+    plain = subprocess.run([sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out",
+                            str(tmp_path / "plain"), *TINY, "train.num_threads=1"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=400)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    ray = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--cpus-per-worker", "1", "--out",
+                     str(tmp_path / "ray"), *TINY], tmp_path)
+    assert ray.returncode == 0, ray.stdout[-3000:] + ray.stderr[-5000:]
+    a = json.loads((tmp_path / "plain" / "history.json").read_text())
+    b = json.loads((tmp_path / "ray" / "history.json").read_text())
+    assert set(a[0]) == set(b[0])
+    timing = ("epoch_seconds", "val_seconds", "trajectories_per_second")
+    for row_a, row_b in zip(a, b, strict=True):
+        for key in row_a:
+            if key not in timing:
+                assert row_a[key] == pytest.approx(row_b[key], abs=1e-6), key
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 2
+    assert set(runs[0].data.metrics) == set(runs[1].data.metrics)

@@ -151,7 +151,8 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
         # Two epochs, or one when ASHA stopped the trial at its first rung.
         epochs = 2 if child.data.tags["seeder.status"] == "FINISHED" else 1
         assert [m.step for m in history] == list(range(1, epochs + 1))
-        assert {f.path for f in client.list_artifacts(child.info.run_id, "model")} == {"model/checkpoint.pt", "model/config.yaml"}
+        assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= {
+            f.path for f in client.list_artifacts(child.info.run_id, "model")}
     # The champion: the best child by validation recall, registered with alias `champion`.
     version = client.get_model_version_by_alias(f"seeder-{artifacts.name}", "champion")
     best = max(ok, key=lambda c: max(m.value for m in client.get_metric_history(c.info.run_id, METRIC)))
@@ -178,6 +179,18 @@ def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tm
     overall = json.loads(out.read_text())["methods"]["seeder"]["all"]
     for key in ("recall_at_20", "hit_at_1", "mrr"):
         assert overall[key] == pytest.approx(parent.data.metrics[f"test_{key}"], abs=1e-9)
+    # The registered champion is an MLflow Model: the standard pyfunc loader ranks new questions with it.
+    import mlflow
+    import pandas as pd
+
+    from seeder.store import open_dataset
+
+    question = open_dataset(json.loads((artifacts / "manifest.json").read_text())["dataset"]).queries_of("test").column("text")[0].as_py()
+    mlflow.set_tracking_uri(url)
+    frame = mlflow.pyfunc.load_model(f"models:/seeder-{artifacts.name}@champion").predict(
+        pd.DataFrame({"question": [question, "something else entirely"]}), params={"k": 5})
+    assert list(frame.columns) == ["question", "rank", "node", "name", "score", "step"]
+    assert frame.groupby("question")["rank"].apply(list).to_dict() == {question: [1, 2, 3, 4, 5], "something else entirely": [1, 2, 3, 4, 5]}
 
 
 def chromium_dom(url: str, profile: Path) -> str:

@@ -1,0 +1,157 @@
+"""Online retrieval on Ray Serve: a trained SeedER model behind HTTP.
+
+    python pipelines/serve.py --model M [--port 8000] [--replicas N] [--max-batch-size B]
+    seeder serve --model M ...                      (the same command)
+
+POST a JSON body ``{"questions": ["...", ...], "k": 10}`` (or ``{"question": "..."}``) to
+``http://127.0.0.1:PORT/``; the reply is ``{"results": [{"question", "set_size", "nodes": [{"rank",
+"id", "name", "type", "score", "step"}], "triples": [[head, relation, tail], ...]}, ...]}``. Each
+replica loads the model once (``seeder.retriever.Retriever``) and ranks the questions of concurrent
+requests together (``serve.batch``), in one batched pass. A malformed body gets a 400 with the
+reason, a batch over ``--max-questions`` a 413; the service keeps running. It binds to 127.0.0.1
+unless ``--host`` says otherwise, and joins a cluster with ``--ray-address`` (e.g. the one
+``cluster/gpu.yaml`` brings up, with ``--device cuda``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+APP_NAME = "seeder"
+
+
+class BadRequest(ValueError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str], int]:
+    """The questions and k of a request body; ``BadRequest`` (400/413) says what is wrong."""
+    import json
+
+    try:
+        data = json.loads(body or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"the body is not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from exc
+    if not isinstance(data, dict):
+        raise BadRequest(400, 'send a JSON object: {"questions": ["..."], "k": 10}')
+    questions = data.get("questions", [data["question"]] if "question" in data else None)
+    if not isinstance(questions, list) or not questions:
+        raise BadRequest(400, '"questions" must be a non-empty list of strings (or send "question": "...")')
+    if len(questions) > max_questions:
+        raise BadRequest(413, f"{len(questions)} questions in one request; at most {max_questions} (split the batch)")
+    bad = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
+    if bad:
+        raise BadRequest(400, f"question {bad[0]} is not a non-empty string")
+    k = data.get("k", 10)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_k:
+        raise BadRequest(400, f'"k" must be an integer from 1 to {max_k}')
+    return questions, k
+
+
+def build_app(model: str, artifacts: str | None, device: str, replicas: int, max_batch_size: int, batch_wait_ms: float,
+              max_questions: int, cpus_per_replica: float, gpus_per_replica: float):
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
+                      max_ongoing_requests=max(64, 2 * max_batch_size))
+    class SeederRetriever:
+        def __init__(self):
+            import torch
+
+            from seeder.retriever import Retriever
+
+            torch.set_num_threads(max(1, int(cpus_per_replica)))  # Ray sets OMP_NUM_THREADS=1 in actors
+            self.retriever = Retriever.load(model, artifacts=artifacts, device=device)
+            self.max_k = self.retriever.ranking_length
+            self.retriever.retrieve(["warm up"], k=1)  # encoder, name index, graph index: built before traffic
+
+        @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000)
+        async def rank(self, requests: list[tuple[list[str], int]]) -> list[list[dict[str, Any]]]:
+            # One batched pass over the questions of every request that arrived together.
+            flat = [q for questions, _ in requests for q in questions]
+            hits = self.retriever.retrieve(flat, k=max(k for _, k in requests))
+            out, start = [], 0
+            for questions, k in requests:
+                part = hits[start : start + len(questions)]
+                start += len(questions)
+                out.append([dict(h.to_dict(), nodes=h.to_dict()["nodes"][:k]) for h in part])
+            return out
+
+        async def __call__(self, request: Request):
+            if request.method != "POST":
+                return JSONResponse({"error": 'POST a JSON body {"questions": ["..."], "k": 10}'}, status_code=405)
+            try:
+                questions, k = parse_request(await request.body(), max_questions, self.max_k)
+            except BadRequest as exc:
+                return JSONResponse({"error": str(exc)}, status_code=exc.status)
+            if len(questions) > max_batch_size:  # a large batch is already a batch: rank it directly
+                hits = self.retriever.retrieve(questions, k=k)
+                return JSONResponse({"results": [h.to_dict() for h in hits]})
+            return JSONResponse({"results": await self.rank((questions, k))})
+
+    return SeederRetriever.bind()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="seeder serve", description="Serve a trained SeedER model over HTTP on Ray Serve.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory (RUN/model), runs:/ID/model or models:/NAME@ALIAS")
+    parser.add_argument("--artifacts", help="artifacts to search (default: the ones the model was trained on)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy binds to (loopback unless told otherwise)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas of the model")
+    parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs per replica (also its torch threads)")
+    parser.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (use with --device cuda)")
+    parser.add_argument("--device", default="cpu", help="torch device of each replica")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="questions of concurrent requests ranked together")
+    parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a replica waits to fill a batch")
+    parser.add_argument("--max-questions", type=int, default=2048, help="questions allowed in one request (more: 413)")
+    parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray on loopback)")
+    parser.add_argument("--ready-file", help=argparse.SUPPRESS)  # tests and benchmarks: written once the app answers
+    args = parser.parse_args(argv)
+    if min(args.replicas, args.max_batch_size, args.max_questions) < 1 or args.batch_wait_ms < 0:
+        parser.error("--replicas, --max-batch-size and --max-questions must be >= 1, --batch-wait-ms >= 0")
+    from seeder.checkpoint import load_model, locate
+    from seeder.io import DataError
+
+    try:
+        load_model(locate(args.model))  # a missing or broken model fails here, before Ray starts
+    except DataError as exc:
+        print(f"seeder serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    from ray import serve
+
+    from pipelines.ray_runtime import start_ray
+
+    start_ray(args.ray_address, who="serve")
+    serve.start(http_options={"host": args.host, "port": args.port})
+    app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
+                    args.max_questions, args.cpus_per_replica, args.gpus_per_replica)
+    serve.run(app, name=APP_NAME, route_prefix="/")
+    print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
+    if args.ready_file:
+        with open(args.ready_file, "w") as handle:
+            handle.write(f"http://{args.host}:{args.port}/\n")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

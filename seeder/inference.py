@@ -1,0 +1,182 @@
+"""Greedy SeedER inference (paper, Algorithm 1): the one path from a trained policy to rankings.
+
+Training validation, ``seeder evaluate --method seeder``, ``seeder benchmark``, ``seeder retrieve``,
+the Python ``Retriever`` and the sweep's champion evaluation all rank through ``retrieve`` below.
+The expansion schedule (c_t and the frontier caps) is an argument: the weights do not depend on it,
+so a model trained with one budget retrieves with another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from seeder.config import ConfigError, SeederConfig
+from seeder.io import DataError
+from seeder.metrics import per_query_metrics
+from seeder.model import SeedERPolicy
+from seeder.retrieve.base import RetrievalResult
+from seeder.rollout import QueryBatch, Rollout, make_query_batch, rank_nodes, score_whole_subgraph
+from seeder.subgraphs import SubgraphSet
+
+
+@dataclass
+class QueryData:
+    """What training and inference read: features by row and some queries' bounded subgraphs."""
+
+    node_features: np.ndarray  # [N, d], may be a memmap
+    relation_features: np.ndarray  # [2R, d]
+    query_features: np.ndarray  # [Q, d], rows aligned with ``subgraphs``
+    subgraphs: SubgraphSet
+
+    def __post_init__(self) -> None:
+        if len(self.query_features) != len(self.subgraphs):
+            raise DataError(
+                f"{len(self.query_features)} query feature rows for {len(self.subgraphs)} subgraphs; "
+                "pass the rows of the subgraphs' query ids, in order"
+            )
+        if self.relation_features.shape[0] % 2:
+            raise DataError(f"relation features have {self.relation_features.shape[0]} rows; expected 2R")
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.node_features.shape[1])
+
+    @property
+    def num_relations(self) -> int:
+        return self.relation_features.shape[0] // 2
+
+    @classmethod
+    def from_artifacts(cls, artifacts, split: str) -> "QueryData":
+        subgraphs = artifacts.subgraphs(split)
+        if len(subgraphs) == 0:
+            raise DataError(f"{artifacts.path}: no subgraphs for split '{split}'; check the dataset's query splits")
+        rows = artifacts.query_rows(subgraphs.query_ids)
+        return cls(
+            node_features=artifacts.node_features,
+            relation_features=np.array(artifacts.relation_features, dtype=np.float32),
+            query_features=np.asarray(artifacts.query_features[rows], dtype=np.float32),
+            subgraphs=subgraphs,
+        )
+
+    def take(self, index: np.ndarray) -> "QueryData":
+        return QueryData(self.node_features, self.relation_features, self.query_features[index], self.subgraphs.take(index))
+
+    def batch(self, index: np.ndarray) -> QueryBatch:
+        return make_query_batch(
+            self.subgraphs.take(index), self.node_features, self.query_features[index], self.num_relations
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Algorithm 1's inputs besides the model: the nodes added per step (c_t) and each step's
+    frontier cap. ``mode="rerank"`` (the GNN-reranking ablation) scores the whole subgraph instead and
+    keeps the top ``k0 + sum(c_t)``."""
+
+    expansion_sizes: tuple[int, ...]
+    frontier_caps: tuple[int, ...]
+    mode: str = "seeder"
+    k0: int = 1
+
+    def __post_init__(self) -> None:
+        check_schedule(list(self.expansion_sizes), list(self.frontier_caps), "expansion")
+        if self.mode not in ("seeder", "rerank"):
+            raise ConfigError(f"train.mode={self.mode!r}: use 'seeder' or 'rerank'")
+
+    @classmethod
+    def training(cls, config: SeederConfig) -> "Schedule":
+        """The schedule the policy trains with (``train.*``)."""
+        t = config.train
+        return cls(tuple(t.expansion_sizes), tuple(t.frontier_caps), t.mode, int(config.seed.k0))
+
+    @classmethod
+    def evaluation(cls, config: SeederConfig, model_config: SeederConfig) -> "Schedule":
+        """``config``'s ``eval.expansion_sizes`` / ``eval.frontier_caps`` (either empty: the model's
+        training value), with the model's mode."""
+        sizes = list(config.eval.expansion_sizes) or list(model_config.train.expansion_sizes)
+        caps = list(config.eval.frontier_caps) or list(model_config.train.frontier_caps)
+        check_schedule(sizes, caps, "eval")
+        return cls(tuple(int(c) for c in sizes), tuple(int(c) for c in caps), model_config.train.mode, int(config.seed.k0))
+
+    @property
+    def budget(self) -> int:
+        return int(self.k0 + sum(self.expansion_sizes))
+
+
+def check_schedule(sizes: list[int], caps: list[int], section: str) -> None:
+    """An expansion schedule (``section``.expansion_sizes / .frontier_caps): one positive c_t per step,
+    each at most its step's frontier cap."""
+    if len(sizes) != len(caps):
+        raise ConfigError(
+            f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must have one entry per expansion step"
+        )
+    if any(int(c) < 1 for c in [*sizes, *caps]):
+        raise ConfigError(f"{section}.expansion_sizes {sizes} and {section}.frontier_caps {caps} must be positive")
+    if any(c > cap for c, cap in zip(sizes, caps)):
+        raise ConfigError(f"each {section}.expansion_sizes[t] must be <= {section}.frontier_caps[t]")
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live; batches and features follow it."""
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def retrieve(
+    model: SeedERPolicy, data: QueryData, schedule: Schedule, length: int, batch_size: int = 64
+) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
+    """Greedy rollouts of every query in ``data``, ``batch_size`` queries per forward pass: the ranking
+    and, per ranked node, the expansion step at which it was reached (0 seeds, t+1 step t, -1 outside
+    the final set) and its score (the model's for the retrieved set, the K-hop filter score for the
+    rest; NaN for padding)."""
+    model.eval()
+    device = model_device(model)
+    relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
+    results, steps, node_scores = [], [], []
+    for lo in range(0, len(data.subgraphs), batch_size):
+        index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
+        batch = data.batch(index).to(device)
+        if schedule.mode == "rerank":
+            scores = score_whole_subgraph(model, batch, relation_features)
+            top = torch.topk(scores, min(schedule.budget, scores.shape[1]), dim=1).indices
+            in_set = torch.zeros_like(batch.valid)
+            in_set.scatter_(1, top, True)
+            in_set &= batch.valid
+            reached_at = torch.where(in_set, 0, -1)
+        else:
+            rollout = Rollout(model, batch, relation_features, copies=1)
+            greedy = torch.ones(batch.num_queries, dtype=torch.bool, device=device)
+            out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy)
+            in_set, scores, reached_at = out.selected, out.scores, out.reached_at
+        result = rank_nodes(batch, in_set, scores, length)
+        results.append(result)
+        # The step of every ranked node: look up each ranked id among its query's nodes.
+        node_ids = batch.global_nodes.cpu().numpy()
+        ranked = result.ranking
+        match = (ranked[:, :, None] == node_ids[:, None, :]) & (ranked[:, :, None] >= 0)
+        pos = match.argmax(2)
+        step = np.take_along_axis(reached_at.cpu().numpy(), pos, 1)
+        found = match.any(2)
+        steps.append(np.where(found, step, -1))
+        shown = torch.where(in_set, scores, batch.filter_score).cpu().numpy()
+        node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
+    if not results:
+        empty = np.zeros((0, length))
+        return RetrievalResult(np.zeros(0, np.int64), empty.astype(np.int64), np.zeros(0, np.int64)), empty.astype(np.int64), empty
+    result = RetrievalResult(
+        query_ids=np.concatenate([r.query_ids for r in results]),
+        ranking=np.concatenate([r.ranking for r in results]),
+        set_size=np.concatenate([r.set_size for r in results]),
+    )
+    return result, np.concatenate(steps), np.concatenate(node_scores)
+
+
+def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
+    """Validation during training: greedy retrieval of ``data`` with the training schedule, and the
+    mean of every metric of ``seeder.metrics`` (the names ``seeder evaluate`` reports)."""
+    result, _, _ = retrieve(model, data, Schedule.training(config), config.eval.ranking_length, config.train.eval_batch_size)
+    per_query = per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
+    return result, {key: float(values.mean()) for key, values in per_query.items()}

@@ -1,0 +1,341 @@
+"""A trained SeedER model as a retriever: load once, answer batches of new questions.
+
+    from seeder import Retriever
+    r = Retriever.load("models:/seeder-metaqa@champion")   # or runs:/ID/model, or RUN/model
+    hits = r.retrieve(["what languages are the films directed by Joel Zwick in"], k=20)
+    hits[0].nodes        # ranked ids, names, types, scores, the expansion step of each
+    hits[0].triples      # edges among the retrieved nodes: (head, relation, tail) names
+    hits[0].to_prompt()  # plain text for an LLM prompt
+
+The model records the artifacts it was trained on (``seeder_model.json``), so the model alone is
+enough. A new question goes through the same steps preprocessing took for the dataset's questions:
+the artifacts' encoder and PCA, ``seeder.retrieve.seeds.seed_queries`` (entity linking with its name
+index built once), K-HOP-WITH-FILTERING online (with the relation-path prior when the artifacts use
+it), then greedy expansion and ranking (``seeder.inference.retrieve``), all questions of a call in
+batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder evaluate`` ranks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seeder.config import SeederConfig
+from seeder.io import DataError
+from seeder.retrieve.base import RetrievalResult
+from seeder.subgraphs import SubgraphSet
+
+
+@dataclass
+class RetrievedNode:
+    rank: int
+    id: int
+    name: str
+    type: str
+    score: float
+    step: int  # 0 seed, t + 1 added at expansion step t, -1 outside the retrieved set
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "id": self.id, "name": self.name, "type": self.type, "score": self.score, "step": self.step}
+
+
+@dataclass
+class Hits:
+    """One question's answer: its ranked nodes and the triples among them."""
+
+    question: str
+    nodes: list[RetrievedNode]
+    triples: list[tuple[str, str, str]] = field(default_factory=list)
+    set_size: int = 0  # nodes in the policy's final set (the first ``set_size`` ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "set_size": self.set_size, "nodes": [n.to_dict() for n in self.nodes],
+                "triples": [list(t) for t in self.triples]}
+
+    def to_prompt(self, max_triples: int = 50) -> str:
+        """The retrieved subgraph as plain text for an LLM prompt: the question, the nodes best first,
+        then the triples among them."""
+        lines = [f"Question: {self.question}", "", "Retrieved entities (best first):"]
+        lines += [f"{n.rank}. {n.name} ({n.type})" if n.type else f"{n.rank}. {n.name}" for n in self.nodes]
+        if self.triples:
+            lines += ["", "Facts among them (head | relation | tail):"]
+            lines += [f"{h} | {r} | {t}" for h, r, t in self.triples[:max_triples]]
+        return "\n".join(lines)
+
+
+class Retriever:
+    """A loaded model, its artifacts and everything a question needs, built once."""
+
+    def __init__(self, model, info, artifacts, device: str = "cpu", config: SeederConfig | None = None):
+        from seeder.inference import Schedule
+
+        self.info = info
+        self.artifacts = artifacts
+        self.config = config or artifacts.config  # preprocessing and eval settings of the artifacts
+        self.device = device
+        self.model = model.to(device)
+        self.schedule = Schedule.evaluation(self.config, info.config)
+        self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
+        self.batch_size = info.config.train.eval_batch_size
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, model: str | Path, artifacts: str | Path | None = None, device: str = "cpu",
+             config: SeederConfig | None = None) -> "Retriever":
+        """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
+        defaults to the ones the model was trained on; other artifacts must have the same features
+        (embed and reduce) or loading fails."""
+        from seeder.artifacts import open_artifacts
+        from seeder.checkpoint import load_model, locate
+
+        policy, info = load_model(locate(model))
+        where = artifacts or info.artifacts.get("path")
+        if not where:
+            raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
+        opened = open_artifacts(where)
+        check_compatible(info, opened, str(model))
+        return cls(policy, info, opened, device=device, config=config)
+
+    # -- the pieces a new question needs, built on first use ------------------------------------------
+
+    @cached_property
+    def encoder(self):
+        from seeder.embed import load_encoder
+
+        return load_encoder(self.config.embed, device=self.device if self.device != "cpu" else "cpu")
+
+    @cached_property
+    def pca(self):
+        from seeder.embed import PCA
+
+        path = Path(self.artifacts.path) / "features" / "pca.npz"
+        return PCA.load(path) if path.is_file() else None
+
+    @cached_property
+    def linker(self):
+        from seeder.retrieve.seeds import EntityLinker
+
+        return EntityLinker(self.artifacts.dataset, self.config.seed)
+
+    @cached_property
+    def graph(self):
+        from seeder.retrieve.khop import GraphIndex
+
+        return GraphIndex.build(self.artifacts.dataset)
+
+    @cached_property
+    def prior(self):
+        if self.config.expand.relation_score != "learned":
+            return None
+        from seeder.retrieve.prior import RelationPathPrior
+
+        return RelationPathPrior.load(Path(self.artifacts.path) / "prior")
+
+    @cached_property
+    def node_table(self):
+        nodes = self.artifacts.dataset.nodes
+        return nodes.column("name").to_pylist(), nodes.column("type").to_pylist()
+
+    # -- questions -> subgraphs -> rankings -------------------------------------------------------------
+
+    def subgraphs(self, questions: list[str], topics: list[int | None] | None = None) -> tuple[SubgraphSet, np.ndarray]:
+        """Embed, seed and expand new questions exactly as preprocessing did for the dataset's."""
+        from seeder.embed import apply_pca
+        from seeder.retrieve.khop import expand_queries
+        from seeder.retrieve.seeds import seed_queries
+
+        if not questions or any(not isinstance(q, str) or not q.strip() for q in questions):
+            raise DataError("every question must be a non-empty string")
+        query_features = np.asarray(apply_pca(self.encoder.encode(list(questions)), self.pca), dtype=np.float32)
+        given = None
+        if self.config.seed.strategy == "given":
+            given = [np.array([t], np.int64) if t is not None else np.zeros(0, np.int64) for t in (topics or [None] * len(questions))]
+        seeds, scores = seed_queries(
+            self.artifacts.dataset, self.config, query_features, self.artifacts.node_features, texts=list(questions),
+            linker=self.linker if self.config.seed.strategy in ("entity", "dense+entity") else None, given=given,
+        )
+        n = len(questions)
+        subgraphs = expand_queries(
+            self.artifacts.dataset, self.artifacts.node_features, self.artifacts.relation_features, query_features,
+            seeds, scores, self.config.expand, np.arange(n, dtype=np.int64), np.array(["new"] * n, dtype=object),
+            np.zeros(n + 1, np.int64), np.zeros(0, np.int64), graph=self.graph, prior=self.prior,
+        )
+        return subgraphs, query_features
+
+    def rank(self, subgraphs: SubgraphSet, query_features: np.ndarray) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
+        """Rankings of bounded subgraphs: (result, step per ranked node, score per ranked node)."""
+        from seeder.inference import QueryData, retrieve
+
+        data = QueryData(self.artifacts.node_features, np.asarray(self.artifacts.relation_features, np.float32),
+                         np.asarray(query_features, np.float32), subgraphs)
+        return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size)
+
+    def rank_split(self, split: str) -> tuple[RetrievalResult, SubgraphSet]:
+        """The preprocessed questions of ``split``, ranked as ``seeder evaluate`` ranks them."""
+        subgraphs = self.artifacts.subgraphs(split)
+        rows = self.artifacts.query_rows(subgraphs.query_ids)
+        result, _, _ = self.rank(subgraphs, np.asarray(self.artifacts.query_features[rows], np.float32))
+        return result, subgraphs
+
+    def retrieve(self, questions: list[str] | str, k: int = 20, topics: list[int | None] | None = None) -> list[Hits]:
+        """The top ``k`` nodes of each question and the triples among them."""
+        if isinstance(questions, str):
+            questions = [questions]
+        questions = list(questions)
+        subgraphs, query_features = self.subgraphs(questions, topics)
+        result, steps, scores = self.rank(subgraphs, query_features)
+        return self._hits(questions, subgraphs, result, steps, scores, k)
+
+    def retrieve_frame(self, questions: list[str], k: int = 20):
+        """One row per (question, rank): question, rank, node, name, score, step (pandas)."""
+        import pandas as pd
+
+        rows = [{"question": h.question, "rank": n.rank, "node": n.id, "name": n.name, "score": n.score, "step": n.step}
+                for h in self.retrieve(questions, k=k) for n in h.nodes]
+        return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
+
+    def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, k: int) -> list[Hits]:
+        names, types = self.node_table
+        relation_names = self.artifacts.dataset.relation_names
+        out = []
+        for i, question in enumerate(questions):
+            row = result.ranking[i]
+            keep = np.flatnonzero(row >= 0)[:k]
+            ids = row[keep]
+            nodes = [RetrievedNode(rank=int(r) + 1, id=int(node), name=str(names[node]), type=str(types[node] or ""),
+                                   score=float(scores[i, r]), step=int(steps[i, r])) for r, node in zip(keep, ids)]
+            out.append(Hits(question=question, nodes=nodes, triples=self._triples(subgraphs, i, ids, names, relation_names),
+                            set_size=int(result.set_size[i])))
+        return out
+
+    @staticmethod
+    def _triples(subgraphs: SubgraphSet, i: int, ids: np.ndarray, names, relation_names) -> list[tuple[str, str, str]]:
+        """The graph's edges among the retrieved ``ids`` (their subgraph's induced edges), in rank order."""
+        lo, hi = subgraphs.node_ptr[i], subgraphs.node_ptr[i + 1]
+        elo, ehi = subgraphs.edge_ptr[i], subgraphs.edge_ptr[i + 1]
+        local_nodes = subgraphs.nodes[lo:hi]
+        by_id = np.argsort(ids)
+        pos = np.minimum(np.searchsorted(ids[by_id], local_nodes), max(len(ids) - 1, 0))
+        found = ids[by_id][pos] == local_nodes if len(ids) else np.zeros(len(local_nodes), bool)
+        rank_of = np.where(found, by_id[pos] if len(ids) else -1, -1)
+        src, dst, rel = subgraphs.edge_src[elo:ehi], subgraphs.edge_dst[elo:ehi], subgraphs.edge_rel[elo:ehi]
+        inside = (rank_of[src] >= 0) & (rank_of[dst] >= 0)
+        order = np.lexsort((rank_of[dst][inside], rank_of[src][inside]))
+        heads, tails, rels = local_nodes[src[inside]][order], local_nodes[dst[inside]][order], rel[inside][order]
+        return [(str(names[h]), str(relation_names[r]), str(names[t])) for h, t, r in zip(heads.tolist(), tails.tolist(), rels.tolist())]
+
+
+def check_compatible(info, artifacts, model: str) -> None:
+    """A model only runs on artifacts with its features: same width, and when the model recorded them,
+    the same feature-stage fingerprint (same graph, encoder and PCA)."""
+    dim = int(artifacts.node_features.shape[1])
+    if info.feature_dim != dim:
+        raise DataError(f"model {model} was trained on {info.feature_dim}-dim features but {artifacts.path} has {dim}; "
+                        "use artifacts built with the same embed/reduce settings")
+    trained = (info.artifacts.get("fingerprints") or {}).get("features")
+    current = artifacts.manifest.get("fingerprints", {}).get("features")
+    if trained and current and trained != current:
+        raise DataError(f"model {model} was trained on artifacts whose features stage has fingerprint {trained}, but "
+                        f"{artifacts.path} has {current} (another graph, encoder or PCA); use the artifacts it was "
+                        f"trained on ({info.artifacts.get('path')}) or retrain")
+
+
+# -- the `seeder retrieve` command ----------------------------------------------------------------------
+
+
+def _read_questions(path: str) -> list[str]:
+    """One question per line of a text file (blank lines skipped), or the ``question`` column of a
+    Parquet/CSV/JSONL file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--file {path}: no such file")
+    if p.suffix in (".parquet", ".csv", ".jsonl"):
+        import pandas as pd
+
+        frame = {".parquet": pd.read_parquet, ".csv": pd.read_csv, ".jsonl": lambda f: pd.read_json(f, lines=True)}[p.suffix](p)
+        if "question" not in frame.columns:
+            raise DataError(f"--file {path}: no 'question' column (columns: {', '.join(map(str, frame.columns))})")
+        questions = frame["question"].astype(str).tolist()
+    else:
+        questions = [line.strip() for line in p.read_text(encoding="utf-8-sig").splitlines()]
+        questions = [q for q in questions if q]
+    if not questions:
+        raise DataError(f"--file {path}: no questions in it")
+    return questions
+
+
+def _write_results(hits: list[Hits], out: str) -> None:
+    import json
+
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    if target.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [{"question": h.question, "set_size": h.set_size, "nodes": [n.to_dict() for n in h.nodes],
+                 "triples": [list(t) for t in h.triples]} for h in hits]
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+    else:
+        tmp.write_text("".join(json.dumps(h.to_dict(), ensure_ascii=False) + "\n" for h in hits), encoding="utf-8")
+    tmp.replace(target)
+
+
+def _print_trace(hits: Hits) -> None:
+    print(f"question: {hits.question}")
+    print(f"{'rank':>4}  {'node':>8}  {'score':>8}  {'step':>4}  name")
+    for node in hits.nodes:
+        where = "seed" if node.step == 0 else (f"t={node.step}" if node.step > 0 else "-")
+        note = "" if node.rank <= hits.set_size else "   (outside the retrieved set; filter score)"
+        print(f"{node.rank:>4}  {node.id:>8}  {node.score:>8.3f}  {where:>4}  {node.name}{note}")
+    if hits.triples:
+        print(f"triples among the top {len(hits.nodes)} ({len(hits.triples)}):")
+        for h, r, t in hits.triples:
+            print(f"  ({h}, {r}, {t})")
+
+
+def _retrieve_command(args) -> int:
+    import json
+    import sys
+
+    if bool(args.question) == bool(args.file):
+        raise DataError("give one question, or --file FILE with one question per line")
+    retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device)
+    questions = [args.question] if args.question else _read_questions(args.file)
+    hits = []
+    for lo in range(0, len(questions), args.batch_size):
+        hits.extend(retriever.retrieve(questions[lo : lo + args.batch_size], k=args.k))
+        if args.file:
+            print(f"retrieve: {min(lo + args.batch_size, len(questions))}/{len(questions)} questions", file=sys.stderr, flush=True)
+    if args.out:
+        _write_results(hits, args.out)
+        print(f"wrote {len(hits)} results to {args.out}", file=sys.stderr)
+    elif args.json:
+        for h in hits:
+            print(json.dumps(h.to_dict(), ensure_ascii=False))
+    else:
+        for h in hits:
+            _print_trace(h)
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "retrieve", help="rank the nodes of new questions with a trained SeedER model (one question, or a file of them)",
+    )
+    parser.add_argument("question", nargs="?", help="one question (prints the expansion trace and the triples)")
+    parser.add_argument("--model", required=True, help="model directory (RUN/model), runs:/ID/model or models:/NAME@ALIAS")
+    parser.add_argument("--artifacts", help="artifacts to search (default: the ones the model was trained on)")
+    parser.add_argument("--file", help="questions, one per line (or a Parquet/CSV/JSONL file with a 'question' column)")
+    parser.add_argument("--out", help="write results here: .jsonl (one JSON object per question) or .parquet")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per question instead of the trace")
+    parser.add_argument("-k", type=int, default=10, help="nodes per question (default 10)")
+    parser.add_argument("--batch-size", type=int, default=256, help="questions per batched pass (default 256)")
+    parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
+    parser.set_defaults(func=_retrieve_command)

@@ -1,0 +1,84 @@
+"""seeder/inference.py: greedy ranking with a schedule given at inference time, and the evaluation
+metrics training validates with."""
+
+import numpy as np
+import pytest
+
+from seeder.config import ConfigError, load_config
+from seeder.inference import Schedule, evaluate, retrieve
+from seeder.metrics import per_query_metrics
+from seeder.synth import toy_task
+from seeder.train import build_state, epoch_queries, steps_per_epoch, train_epoch, trainable_queries
+
+TRAINED_WITH = ["train.expansion_sizes=[3,3]", "train.frontier_caps=[8,10]", "model.hidden_dim=16", "model.num_layers=2"]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    data = toy_task(32, 30, 8, seed=0)
+    config = load_config(None, [*TRAINED_WITH, "train.epochs=1", "train.warmup_epochs=0"])
+    state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
+    train_epoch(state, data, np.arange(len(data.subgraphs)))
+    return state.model, config, data
+
+
+def rank_with(trained, overrides):
+    model, model_config, data = trained
+    schedule = Schedule.evaluation(load_config(None, overrides), model_config)
+    return schedule, retrieve(model, data, schedule, 100)[0]
+
+
+def test_the_model_retrieves_with_its_training_schedule_by_default(trained):
+    schedule, result = rank_with(trained, [])
+    assert schedule.expansion_sizes == (3, 3)
+    assert result.set_size.max() == 3 + 3 + 3  # three seeds, then c_t = 3 and 3
+
+
+def test_eval_schedule_overrides_the_training_one(trained):
+    _, default = rank_with(trained, [])
+    schedule, larger = rank_with(trained, ["eval.expansion_sizes=[3,6,4]", "eval.frontier_caps=[8,20,20]"])
+    assert schedule.frontier_caps == (8, 20, 20)
+    assert larger.set_size.max() == 3 + 3 + 6 + 4
+    assert larger.set_size.mean() > default.set_size.mean()
+    assert (larger.set_size >= default.set_size).all()  # a larger budget never shrinks a set
+
+
+def test_a_schedule_whose_caps_do_not_match_is_refused(trained):
+    with pytest.raises(ConfigError, match="eval.frontier_caps"):
+        rank_with(trained, ["eval.expansion_sizes=[3,6,4]"])
+    with pytest.raises(ConfigError, match="positive"):
+        rank_with(trained, ["eval.expansion_sizes=[3,0]", "eval.frontier_caps=[8,8]"])
+
+
+def test_batch_size_does_not_change_rankings(trained):
+    model, config, data = trained
+    schedule = Schedule.training(config)
+    (one, one_steps, one_scores) = retrieve(model, data, schedule, 40, batch_size=1)
+    (many, many_steps, many_scores) = retrieve(model, data, schedule, 40, batch_size=32)
+    np.testing.assert_array_equal(one.ranking, many.ranking)
+    np.testing.assert_array_equal(one_steps, many_steps)
+    np.testing.assert_allclose(one_scores, many_scores, atol=1e-4)  # padding changes the summation order
+
+
+def test_validation_metrics_are_the_evaluation_metrics(trained):
+    model, config, data = trained
+    result, means = evaluate(model, data, config)
+    per_query = per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
+    assert means == {k: float(v.mean()) for k, v in per_query.items()}
+
+
+def test_epoch_queries_are_disjoint_equal_and_reseeded_per_epoch():
+    pool = np.arange(103)
+    shards = [epoch_queries(pool, 0, 0, rank, 4) for rank in range(4)]
+    assert all(len(s) == 25 for s in shards)
+    assert len(np.unique(np.concatenate(shards))) == 100
+    assert not np.array_equal(epoch_queries(pool, 0, 1, 0, 4), shards[0])
+    assert np.array_equal(epoch_queries(pool, 0, 0, 2, 4), shards[2])
+    assert len(epoch_queries(pool, 0, 0, 1, 4, queries_per_epoch=40)) == 10
+    # One worker trains on exactly the queries a Ray-free run trains on.
+    assert np.array_equal(epoch_queries(pool, 3, 2, 0, 1), np.random.default_rng([3, 2]).permutation(pool))
+
+
+def test_trainable_queries_leave_out_subgraphs_without_an_answer(trained):
+    _, config, data = trained
+    assert len(trainable_queries(data, config)) == len(data.subgraphs)  # the toy task puts one in every subgraph

@@ -1,0 +1,139 @@
+"""seeder/retriever.py: a trained model answering new questions, the same rankings as preprocessing and
+``seeder evaluate``, triples and prompts, the pyfunc model, and the `seeder retrieve` batch command.
+
+One module fixture builds a small synthetic graph, preprocesses it (hash encoder, entity linking) and
+trains a model for a few epochs; every test reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
+
+
+def _run(args, **kwargs):
+    return subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retriever")
+    seeder = str(Path(sys.executable).parent / "seeder")
+    env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
+    done = _run([seeder, "synth", "--out", str(root / "syn"), "--nodes", "300", "--relations", "4", "--queries", "300",
+                 "--max-path-length", "1", "--hubs", "0", "--multi-answer-frac", "0"], env=env)
+    assert done.returncode == 0, done.stderr
+    done = _run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "syn"), "--out",
+                 str(root / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1",
+                 "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32", "expand.budget=60",
+                 "expand.keep_per_hop=[30,30]"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run([sys.executable, "-m", "seeder.train", "--artifacts", str(root / "art"), "--out", str(root / "run"),
+                 "train.epochs=4", "train.warmup_epochs=1", "train.expansion_sizes=[5]", "train.frontier_caps=[20]",
+                 "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"], env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_id = done.stdout.split("MLflow run ")[1].split(":")[0]
+    return root, run_id
+
+
+@pytest.fixture(scope="module")
+def retriever(trained):
+    from seeder import Retriever
+
+    return Retriever.load(trained[0] / "run" / "model")
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
+    """Encoding, seeding and K-HOP-WITH-FILTERING online give the preprocessed subgraphs, so the
+    rankings of a question's text equal those of ``seeder evaluate`` on the same question."""
+    from seeder.evaluate import run_evaluation
+    from seeder.metrics import per_query_metrics
+
+    result, subgraphs = retriever.rank_split("val")
+    queries = retriever.artifacts.dataset.queries_of("val")
+    text_of = dict(zip(queries.column("id").to_pylist(), queries.column("text").to_pylist()))
+    texts = [text_of[q] for q in subgraphs.query_ids.tolist()]
+    online, online_subgraphs = None, None
+    online_subgraphs, features = retriever.subgraphs(texts)
+    np.testing.assert_array_equal(online_subgraphs.nodes, subgraphs.nodes)
+    np.testing.assert_array_equal(online_subgraphs.edge_src, subgraphs.edge_src)
+    online, _, _ = retriever.rank(online_subgraphs, features)
+    np.testing.assert_array_equal(online.ranking, result.ranking)
+    hits = retriever.retrieve(texts, k=7)
+    assert [[n.id for n in h.nodes] for h in hits] == [row[row >= 0][:7].tolist() for row in result.ranking]
+    report = run_evaluation(retriever.artifacts, ["seeder"], "val", retriever.config,
+                            model=str(Path(retriever.artifacts.path).parent / "run" / "model"), log=lambda *a, **k: None)
+    mine = per_query_metrics(result, subgraphs.answer_ptr, subgraphs.answers, retriever.config.eval.ks)
+    assert report["methods"]["seeder"]["all"]["hit_at_1"] == pytest.approx(float(mine["hit_at_1"].mean()))
+
+
+def test_hits_carry_names_types_triples_and_a_prompt(retriever):
+    kg = retriever.artifacts.dataset
+    question = kg.queries_of("test").column("text")[0].as_py()
+    hit = retriever.retrieve(question, k=10)[0]
+    names = kg.nodes.column("name").to_pylist()
+    assert [n.rank for n in hit.nodes] == list(range(1, 11))
+    assert all(names[n.id] == n.name and n.type for n in hit.nodes)
+    assert 0 < hit.set_size and all((n.step >= 0) == (n.rank <= hit.set_size) for n in hit.nodes)
+    # Every triple is an edge of the graph between two retrieved nodes.
+    edges = set(zip(np.asarray(kg.table("edges").column("src")), np.asarray(kg.table("edges").column("dst"))))
+    by_name = {n.name: n.id for n in hit.nodes}
+    assert all((by_name[h], by_name[t]) in edges for h, _, t in hit.triples)
+    prompt = hit.to_prompt()
+    assert prompt.startswith(f"Question: {question}") and hit.nodes[0].name in prompt
+    assert all(f"{h} | {r} | {t}" in prompt for h, r, t in hit.triples)
+
+
+def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
+    hit = retriever.retrieve(["zzzz qqqq nothing here"], k=5)[0]
+    assert len(hit.nodes) == 5 and hit.nodes[0].step == 0
+
+
+def test_bad_questions_are_clear_errors(retriever):
+    from seeder.io import DataError
+
+    with pytest.raises(DataError, match="non-empty"):
+        retriever.retrieve(["ok", "  "])
+
+
+def test_the_pyfunc_model_returns_the_apis_rankings(trained, retriever):
+    import mlflow
+    import pandas as pd
+
+    root, run_id = trained
+    questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:5]
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'mlflow.db'}")
+    frame = mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(pd.DataFrame({"question": questions}), params={"k": 4})
+    expected = retriever.retrieve_frame(questions, k=4)
+    pd.testing.assert_frame_equal(frame.reset_index(drop=True), expected, check_dtype=False)
+
+
+def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_path):
+    root, _ = trained
+    questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:3]
+    (tmp_path / "q.txt").write_text("\n".join(questions) + "\n")
+    seeder = str(Path(sys.executable).parent / "seeder")
+    for out in (tmp_path / "r.jsonl", tmp_path / "r.parquet"):
+        done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--file", str(tmp_path / "q.txt"),
+                     "--out", str(out), "-k", "4"], env=ENV)
+        assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    expected = retriever.retrieve(questions, k=4)
+    assert [[n["id"] for n in r["nodes"]] for r in rows] == [[n.id for n in h.nodes] for h in expected]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "r.parquet").column("question").to_pylist() == questions
+    done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", questions[0]], env=ENV)
+    assert json.loads(done.stdout)["nodes"][0]["id"] == expected[0].nodes[0].id
