@@ -97,8 +97,13 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
 
 
 def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
-    hit = retriever.retrieve(["zzzz qqqq nothing here"], k=5)[0]
-    assert len(hit.nodes) == 5 and hit.nodes[0].step == 0
+    from seeder.retrieve.seeds import dense_seeds
+
+    question = "zzzz qqqq nothing here"
+    subgraphs, features = retriever.subgraphs([question])
+    dense, _ = dense_seeds(features, retriever.artifacts.node_features, retriever.config.seed.k0)
+    assert subgraphs.nodes[subgraphs.hop == 0].tolist() == dense[0][dense[0] >= 0].tolist()
+    assert len(retriever.retrieve([question], k=5)[0].nodes) == 5
 
 
 def test_bad_questions_are_clear_errors(retriever):
