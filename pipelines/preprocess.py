@@ -23,8 +23,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
+from pipelines.ray_runtime import start_ray
 from seeder import preprocess as pp
 from seeder.embed import EncoderUDF
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict

@@ -43,8 +43,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
+from pipelines.ray_runtime import start_ray
 from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, flatten, from_dict, to_dict, training_config
 from seeder.io import DataError

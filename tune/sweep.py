@@ -30,13 +30,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Persist the experiment state often, so that an interruption loses at most a few seconds of it.
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
-from seeder import sweep as sw  # noqa: E402
-from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config  # noqa: E402
-from seeder.io import DataError  # noqa: E402
+from pipelines.ray_runtime import start_ray
+from seeder import sweep as sw
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
+from seeder.io import DataError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
 
 
@@ -90,8 +88,7 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run: sw.TrialRu
     """
     from ray import tune
 
-    sys.path.insert(0, str(REPO_ROOT))  # this runs in a Ray worker, whose path lacks the repo root
-    from pipelines import train as ray_train  # noqa: PLC0415
+    from pipelines import train as ray_train
 
     result = ray_train.run_training(
         config, artifacts_path, storage=tune.get_context().get_trial_dir(), name="train", num_workers=workers,
