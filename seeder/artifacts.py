@@ -38,9 +38,6 @@ from seeder.io import DataError, read_manifest
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 
-STAGES = ("embed", "features", "seeds", "subgraphs")
-
-
 @dataclass
 class Artifacts:
     path: Path

@@ -43,7 +43,6 @@ EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("relation", 
 QUERY_BASE_SCHEMA = pa.schema(
     [("id", pa.int64()), ("text", pa.string()), ("answers", pa.list_(pa.int64())), ("split", pa.string())]
 )
-TABLES = {"nodes": NODE_SCHEMA, "relations": RELATION_SCHEMA, "edges": EDGE_SCHEMA, "queries": QUERY_BASE_SCHEMA}
 
 
 def default_inverse_text(text: str) -> str:
