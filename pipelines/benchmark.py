@@ -1,32 +1,42 @@
-"""``seeder benchmark --ray``: the query blocks of a benchmark ranked on Ray Data.
+"""The retrieval benchmark with its query blocks ranked on Ray Data: ``seeder benchmark``'s arguments,
+plus where Ray runs.
 
-Only the query ids travel: each actor opens the artifacts by path (memory-mapped features, the
-split's subgraphs) and builds the retrievers once (``seeder.benchmark.BlockRanker``); the driver
-gets back rankings and set sizes and computes the metrics exactly as the in-process path does.
-Imported lazily by ``seeder.benchmark`` when ``--ray`` is given; the library never imports Ray.
+    python pipelines/benchmark.py --artifacts A [--method all] [--split val] [--ray-address ADDR] [--num-cpus N] ...
+    ray job submit --working-dir . -- python pipelines/benchmark.py --artifacts /abs/A ...
+
+Only the query ids travel: each actor opens the artifacts by path or URI (memory-mapped features, the
+split's subgraphs) and builds the retrievers once (seeder.benchmark.BlockRanker); the driver gets back
+rankings and set sizes and computes the metrics, latencies and report exactly as seeder benchmark does.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import numpy as np
 import pyarrow as pa
 
-from pipelines.ray_runtime import start_ray
-from seeder.benchmark import BlockRanker, results_from_blocks
-from seeder.config import to_dict
+from pipelines.ray_runtime import add_ray_arguments, start_ray
+from seeder import benchmark as bm
+from seeder.cli import HelpFormatter
+from seeder.config import ConfigError, to_dict
+from seeder.io import DataError
+from seeder.storage import is_uri
 
 
-def make_ray_ranker(artifacts_path: str | Path, split: str, address: str | None = None, num_cpus: int | None = None,
+def make_ray_ranker(artifacts: str | Path, split: str, address: str | None = None, num_cpus: int | None = None,
                     actors: int | None = None) -> Callable[..., dict[str, Any]]:
     """A ``ray_ranker`` for ``seeder.benchmark.run_benchmark``: ranks the benchmark's queries in
     blocks of ``block_queries`` on an actor pool (one actor per CPU unless ``actors`` is given)."""
+    # Actors run in their own directories (and, on a cluster, on other nodes, which fetch a URI themselves).
+    location = str(artifacts) if is_uri(artifacts) else str(Path(artifacts).resolve())
 
     def rank(inputs, methods: list[str], config, model: str | None, block_queries: int):
         ray = start_ray(address, num_cpus, who="benchmark")
@@ -37,9 +47,9 @@ def make_ray_ranker(artifacts_path: str | Path, split: str, address: str | None 
         query_ids = np.asarray(inputs.subgraphs.query_ids, dtype=np.int64)
         ds = ray.data.from_arrow(pa.table({"query_id": query_ids}))
         ds = ds.map_batches(
-            BlockRanker,
+            bm.BlockRanker,
             fn_constructor_kwargs={
-                "artifacts_path": str(Path(artifacts_path).resolve()), "split": split, "methods": list(methods),
+                "artifacts_path": location, "split": split, "methods": list(methods),
                 "config": to_dict(config), "model": model, "num_threads": 1,
             },
             compute=ray.data.ActorPoolStrategy(size=pool),
@@ -49,6 +59,22 @@ def make_ray_ranker(artifacts_path: str | Path, split: str, address: str | None 
         )
         blocks = list(ds.iter_batches(batch_format="numpy", batch_size=None))
         print(f"ray: {len(query_ids)} queries ranked in {len(blocks)} batches on {pool} actors", file=sys.stderr, flush=True)
-        return results_from_blocks(blocks, list(methods), query_ids)
+        return bm.results_from_blocks(blocks, list(methods), query_ids)
 
     return rank
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python pipelines/benchmark.py", description=__doc__, formatter_class=HelpFormatter)
+    bm.add_arguments(parser)
+    add_ray_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return bm.run(args, ray_ranker=make_ray_ranker(args.artifacts, args.split, args.ray_address, args.num_cpus))
+    except (DataError, ConfigError, FileNotFoundError) as exc:
+        print(f"pipelines/benchmark.py: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

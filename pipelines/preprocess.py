@@ -3,10 +3,13 @@
     python pipelines/preprocess.py --dataset DIR --out ARTIFACTS [--config FILE] [KEY=VALUE ...]
     ray job submit --working-dir . -- python pipelines/preprocess.py --dataset /abs/DIR --out /abs/ARTIFACTS
 
-Under ``ray job submit`` (RAY_ADDRESS is set by the job) it joins that cluster; run directly it joins
-a running cluster if there is one, else starts an embedded local Ray (``--ray-address local`` always
-starts an embedded one). Paths given to a submitted job should be absolute: the job runs in a copy
-of the working directory. This file is only the Ray entry point; the work lives in ``seeder.preprocess``.
+Run directly, it starts an embedded local Ray on 127.0.0.1, and joins a cluster only when given one:
+``--ray-address ADDR`` or ``RAY_ADDRESS``, which ``ray job submit`` sets (``--ray-address local``
+always starts an embedded one). Paths given to a submitted job should be absolute: the job runs in a
+copy of the working directory. ``--dataset`` and ``--out`` may be URIs (``s3://...``, ``file://...``):
+the dataset is fetched into the local cache, and the artifacts are written locally and published
+when the run succeeds (``seeder.storage``). This file is only the Ray entry point; the work lives in
+``seeder.preprocess``.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
+from pipelines.ray_runtime import add_ray_arguments, start_ray
 from seeder import preprocess as pp
+from seeder.cli import HelpFormatter
 from seeder.embed import EncoderUDF
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.derive import derive_defaults, derive_unset, needs_derivation
 from seeder.io import DataError, now, read_manifest, write_manifest
+from seeder.storage import is_uri, join, output_directory
 from seeder.store import KnowledgeGraph, open_dataset
 
 
@@ -121,13 +125,13 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, kg: KnowledgeGrap
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="dataset directory (from `seeder import` or `seeder synth`)")
-    parser.add_argument("--out", required=True, help="artifacts directory (created; reruns resume and skip finished stages)")
-    parser.add_argument("--config", help="YAML config, e.g. configs/metaqa.yaml")
-    parser.add_argument("--ray-address", help="Ray address; 'local' starts an embedded Ray (default: RAY_ADDRESS, "
-                        "a running cluster, else embedded)")
-    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded Ray (default: all)")
+    parser = argparse.ArgumentParser(prog="python pipelines/preprocess.py", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--dataset", required=True, help="dataset directory or URI (from `seeder import` or `seeder synth`)")
+    parser.add_argument("--out", required=True, help="artifacts directory or URI (created; reruns resume and skip "
+                        "finished stages)")
+    parser.add_argument("--config", help="YAML config, e.g. configs/metaqa.yaml (default: derive the choices it "
+                        "would make from the training split)")
+    add_ray_arguments(parser)
     parser.add_argument("--shard-rows", type=int, default=10_000, help="texts per embedding shard (resume granularity)")
     parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
     parser.add_argument("--query-block", type=int, default=1_000, help="queries per expansion task and shard")
@@ -147,17 +151,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.config is None:
             config = derive_unset(config, parse_overrides(args.overrides))
         pp.check_config(config)
-        kg = open_dataset(Path(args.dataset).resolve())
+        # Ray tasks run in their own directories: local paths go to them absolute.
+        dataset = args.dataset if is_uri(args.dataset) else str(Path(args.dataset).resolve())
+        kg = open_dataset(dataset)
+        target = args.out if is_uri(args.out) else str(Path(args.out).resolve())
+        # A URI is published only when every stage finished: an error leaves it as it was.
+        with output_directory(target) as out:
+            run_stages(args, config, kg, dataset, out, target)
     except (ConfigError, DataError) as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out).resolve()
+    return 0
+
+
+def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGraph, dataset: str, out: Path,
+               target: str) -> None:
+    """Every stage into the local directory ``out``; ``dataset`` and ``target`` are the locations
+    recorded in the manifest and summary (URIs stay URIs)."""
     out.mkdir(parents=True, exist_ok=True)
     fps = pp.stage_fingerprints(config, kg.fingerprint)
     previous = read_manifest(out) or {}
     manifest = {
         "kind": "seeder-artifacts",
-        "dataset": str(kg.path),
+        "dataset": dataset,
         "dataset_fingerprint": kg.fingerprint,
         "config": to_dict(config),
         "fingerprints": fps,
@@ -190,48 +206,44 @@ def main(argv: list[str] | None = None) -> int:
             ray = start_ray(args.ray_address, args.num_cpus, who="preprocess")
         return ray
 
-    try:
-        texts = sum(counts.values())
-        stage_run("embed", lambda s: run_embed(need_ray(), s, kg, config, args), texts, "texts",
-                  f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
-        stage_run("features", lambda s: pp.run_features(out / "embed", s.open(), kg, config), texts, "rows",
-                  f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
-        if needs_derivation(config):
-            features = out / "features"
-            config, lines = derive_defaults(kg, np.load(features / "node.npy", mmap_mode="r"), np.load(features / "query.npy"),
-                                            np.load(features / "query_ids.npy"), config)
-            for line in lines:
-                print(line, flush=True)
-            pp.check_config(config)
-            fps = pp.stage_fingerprints(config, kg.fingerprint)
-            manifest.update(config=to_dict(config), fingerprints=fps, derived=lines)
-            write_manifest(out, manifest)
-        stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
-                  f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
-        if "paths" in fps:
-            train_count = len(pp.train_query_ids(kg))
-            stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), kg,
-                                                          config, args, out), train_count, "queries",
-                      f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
-            stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
-                      "relation-path prior fitted")
-            for line in pp.path_summary(out, kg):
-                print(line)
-        stage_run("subgraphs", lambda s: run_query_blocks(need_ray(), s, pp.expand_block,
-                                                          np.load(out / "features" / "query_ids.npy"), kg, config, args, out),
-                  counts["queries"],
-                  "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
-    except (ConfigError, DataError) as exc:
-        print(f"preprocess: error: {exc}", file=sys.stderr)
-        return 2
+    texts = sum(counts.values())
+    stage_run("embed", lambda s: run_embed(need_ray(), s, kg, config, args), texts, "texts",
+              f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
+    stage_run("features", lambda s: pp.run_features(out / "embed", s.open(), kg, config), texts, "rows",
+              f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
+    if needs_derivation(config):
+        features = out / "features"
+        config, lines = derive_defaults(kg, np.load(features / "node.npy", mmap_mode="r"), np.load(features / "query.npy"),
+                                        np.load(features / "query_ids.npy"), config)
+        for line in lines:
+            print(line, flush=True)
+        pp.check_config(config)
+        fps = pp.stage_fingerprints(config, kg.fingerprint)
+        manifest.update(config=to_dict(config), fingerprints=fps, derived=lines)
+        write_manifest(out, manifest)
+    stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
+              f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
+    if "paths" in fps:
+        train_count = len(pp.train_query_ids(kg))
+        stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), kg,
+                                                      config, args, out), train_count, "queries",
+                  f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
+        stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
+                  "relation-path prior fitted")
+        for line in pp.path_summary(out, kg):
+            print(line)
+    stage_run("subgraphs", lambda s: run_query_blocks(need_ray(), s, pp.expand_block,
+                                                      np.load(out / "features" / "query_ids.npy"), kg, config, args, out),
+              counts["queries"],
+              "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
 
     from seeder.subgraphs import SubgraphSet
 
     subgraphs = SubgraphSet.read(out / "subgraphs")
     ceiling = pp.ceilings(subgraphs, kg)
     summary = {
-        "dataset": str(kg.path),
-        "artifacts": str(out),
+        "dataset": dataset,
+        "artifacts": target,
         "finished": now(),
         "wall_seconds": round(time.perf_counter() - total_start, 3),
         "counts": {**counts, "edges": kg.num_edges, "subgraph_nodes": int(subgraphs.sizes.sum()),
@@ -243,10 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     pp.write_summary(out, summary)
     for line in pp.format_ceilings(ceiling):
         print(line)
-    print(f"summary: {out / 'summary.json'}")
+    print(f"summary: {join(target, 'summary.json')}")
     if ray is not None and not os.environ.get("RAY_ADDRESS"):
         ray.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

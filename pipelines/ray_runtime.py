@@ -8,10 +8,23 @@ without a dashboard: it never silently joins an unrelated cluster that happens t
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 STARTUP_ATTEMPTS = 3
+ADDRESS_HELP = (
+    "Ray cluster to join (HOST:PORT or ray://HOST:PORT); 'local' starts an embedded Ray. Default: RAY_ADDRESS "
+    "(ray job submit sets it), else an embedded local Ray on 127.0.0.1; a cluster already running on this "
+    "machine is never joined unasked"
+)
+NUM_CPUS_HELP = "CPUs of an embedded local Ray (default: all of this machine's)"
+
+
+def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ray-address`` and ``--num-cpus``, spelled and explained alike in every entry point."""
+    parser.add_argument("--ray-address", help=ADDRESS_HELP)
+    parser.add_argument("--num-cpus", type=int, help=NUM_CPUS_HELP)
 
 
 def start_ray(address: str | None = None, num_cpus: int | None = None, who: str = "seeder"):
@@ -37,4 +50,3 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
                     "RAY_raylet_start_wait_time_s, or pass the address of a running cluster"
                 ) from exc
             print(f"{who}: Ray did not start ({exc}); retrying", file=sys.stderr, flush=True)
-    return ray

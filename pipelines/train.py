@@ -42,9 +42,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
+from pipelines.ray_runtime import add_ray_arguments, start_ray
 from seeder import tracking
+from seeder.cli import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
 from seeder.io import DataError
 from seeder.storage import fetch, is_uri, join
@@ -335,7 +335,8 @@ def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI")
     parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing ones come from the artifacts")
     parser.add_argument("--num-workers", type=int, default=2, help="training workers (data-parallel ranks)")
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue the run under STORAGE/NAME from its last checkpoint")
     parser.add_argument("--max-failures", type=int, default=1, help="worker failures retried from the last checkpoint")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    add_ray_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.epochs=3 model.hidden_dim=64")
     args = parser.parse_args(argv)
     try:
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                    "run.artifacts": job.artifacts})
         print(f"MLflow run {run.run_id} in experiment '{args.experiment}' at {tracking.tracking_uri()}", flush=True)
     try:
-        start_ray(who="train")
+        start_ray(args.ray_address, args.num_cpus, who="train")
     except RuntimeError as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 1

@@ -35,11 +35,9 @@ import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, from_dict
 from seeder.io import DataError, read_manifest
+from seeder.storage import fetch
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
-
-STAGES = ("embed", "features", "seeds", "subgraphs")
-
 
 @dataclass
 class Artifacts:
@@ -113,7 +111,8 @@ def read_seed_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def open_artifacts(path: str | Path) -> Artifacts:
-    path = Path(path)
+    """Open an artifacts directory or URI (fetched first, ``seeder.storage``); its dataset may be a URI too."""
+    path = fetch(path)
     manifest = read_manifest(path)
     if manifest is None:
         raise DataError(

@@ -20,9 +20,10 @@ Two latency figures per method, both wall clock on this machine:
 Each method is built and warmed up on one query first; that one-off cost (BM25's index, page-in of
 the features) is reported as setup seconds in report.json, not in either latency.
 
-Queries are ranked in blocks in this process; ``--ray`` ranks the blocks on Ray Data instead
-(``pipelines/benchmark.py``; this module never imports Ray). The run is logged to MLflow
-(``seeder.tracking``): parameters, one metric per method and metric (``ppr.hit_at_1``), the files.
+Queries are ranked in blocks in this process. ``python pipelines/benchmark.py`` takes the same
+arguments, plus ``--ray-address`` and ``--num-cpus``, and ranks the blocks on Ray Data instead (this
+module never imports Ray). The run is logged to MLflow (``seeder.tracking``): parameters, one metric
+per method and metric (``ppr.hit_at_1``), the files.
 """
 
 from __future__ import annotations
@@ -76,21 +77,12 @@ def _stderr(message: str) -> None:
 # -- which methods, which queries ------------------------------------------------------------------
 
 
-def resolve_methods(spec: str, model: str | None) -> list[str]:
-    """``all`` = every registered method (without ``seeder`` unless a model is given), else a comma list."""
-    known = registry.available()
-    if spec.strip() == "all":
-        # The paper's row order (references, baselines, SeedER last), then anything registered later.
-        order = [m for m in DISPLAY_NAMES if m in known and m != "seeder"]
-        order += [m for m in known if m not in DISPLAY_NAMES]
-        return order + (["seeder"] if model and "seeder" in known else [])
-    methods = [m.strip() for m in spec.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in known]
-    if unknown or not methods:
-        raise ConfigError(f"--methods {spec!r}: unknown {unknown}; give 'all' or a comma list of: {', '.join(known)}")
-    if "seeder" in methods and not model:
-        raise ConfigError("--methods includes seeder, which needs --model RUN/model, runs:/ID/model or models:/NAME@ALIAS (a trained model)")
-    return list(dict.fromkeys(methods))
+def resolve_methods(specs: str | list[str] | None, model: str | None) -> list[str]:
+    """``--method`` values as for ``seeder evaluate`` (default ``all``); ``all`` lists the rows in the
+    paper's order (references, baselines, SeedER last), then anything registered later."""
+    from seeder.evaluate import resolve_methods as resolve
+
+    return resolve(specs, model, default=["all"], order=list(DISPLAY_NAMES))
 
 
 def stratified_sample(num_queries: int, size: int, strata: np.ndarray | None, seed: int) -> np.ndarray:
@@ -631,31 +623,28 @@ def log_to_mlflow(report: dict[str, Any], out: Path, experiment: str, run_name: 
 # -- the command -----------------------------------------------------------------------------------
 
 
-def _command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, ray_ranker: Callable[..., dict[str, tuple[RetrievalResult, float]]] | None = None) -> int:
+    """``seeder benchmark``: the arguments of ``add_arguments``; ``pipelines/benchmark.py`` passes its
+    Ray ranker (see ``run_benchmark``)."""
     from seeder.artifacts import open_artifacts
     from seeder.evaluate import _merge
+    from seeder.storage import basename
 
+    methods = resolve_methods(args.methods, args.model)
     artifacts = open_artifacts(args.artifacts)
     config = artifacts.config
     if args.overrides:
         config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
-    methods = resolve_methods(args.methods, args.model)
-    ray_ranker = None
-    if args.ray:
-        # Ray lives in pipelines/ only; imported here, when asked for.
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from pipelines.benchmark import make_ray_ranker
-
-        ray_ranker = make_ray_ranker(artifacts.path, args.split, address=args.ray_address, num_cpus=args.num_cpus)
     report = run_benchmark(
         artifacts, methods, args.split, config, model=args.model, max_queries=args.max_queries,
         latency_queries=args.latency_queries, block_queries=args.block_queries, seed=args.seed, ray_ranker=ray_ranker,
     )
+    report["artifacts"] = str(args.artifacts)  # as given: a URI rather than its local cache
     if args.budgets != "none":
         budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
         _stderr(f"budget curves: Dense and K-hop on {args.budget_queries} sampled queries, budgets {budgets}")
         report["budget"] = budget_curves(artifacts, args.split, config, budgets, args.budget_queries, args.seed)
-    out = Path(args.out or Path("runs") / "benchmark" / f"{Path(artifacts.path).name}-{args.split}")
+    out = Path(args.out or Path("runs") / "benchmark" / f"{basename(args.artifacts)}-{args.split}")
     write_report(report, out)
     print((out / "table1.md").read_text())
     _stderr(f"wrote {', '.join(n for n in REPORT_FILES if (out / n).exists())} to {out}")
@@ -665,27 +654,40 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``seeder benchmark``, shared with ``python pipelines/benchmark.py``."""
+    from seeder.evaluate import add_method_argument, add_split_argument
+
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI (s3://, file://)")
+    add_method_argument(parser, ["all"])
+    add_split_argument(parser)
+    parser.add_argument("--model", help="trained SeedER checkpoint; with it, 'all' includes method seeder")
+    parser.add_argument("--out", help="report directory (default runs/benchmark/ARTIFACTS-SPLIT); replaced as a whole")
+    parser.add_argument("--max-queries", type=int, help="seeded sample of at most this many queries, stratified by "
+                        "the first attribute (default: every query of the split)")
+    parser.add_argument("--latency-queries", type=int, default=30, help="queries timed one at a time per method")
+    parser.add_argument("--block-queries", type=int, default=256, help="queries per batched call")
+    parser.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help="budget grid of the plot, or 'none'")
+    parser.add_argument("--budget-queries", type=int, default=200, help="sampled queries of the budget plot")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the query samples")
+    parser.add_argument("--experiment", default="benchmark", help="MLflow experiment ('none' skips logging)")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
+
+
+class _RanksOnRay(argparse.Action):
+    """The Ray options moved to the Ray entry point; say where instead of 'unrecognized arguments'."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: ranking on Ray is `python pipelines/benchmark.py` with the same arguments "
+                     "(plus --ray-address and --num-cpus)")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "benchmark",
         help="run every retrieval method on a split; Table-1 report (Markdown, CSV), budget plot, MLflow run",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
-    parser.add_argument("--methods", default="all", help="'all' (every registered method) or a comma list, e.g. dense,khop,ppr")
-    parser.add_argument("--split", default="test", choices=["train", "val", "test"], help="query split (default: test)")
-    parser.add_argument("--model", help="trained SeedER checkpoint; with it, 'all' includes method seeder")
-    parser.add_argument("--out", help="report directory (default runs/benchmark/ARTIFACTS-SPLIT); replaced as a whole")
-    parser.add_argument("--max-queries", type=int, help="seeded sample of at most this many queries, stratified by the first attribute")
-    parser.add_argument("--latency-queries", type=int, default=30, help="queries timed one at a time per method (default 30)")
-    parser.add_argument("--block-queries", type=int, default=256, help="queries per batched call (default 256)")
-    parser.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)), help="budget grid of the plot, or 'none'")
-    parser.add_argument("--budget-queries", type=int, default=200, help="sampled queries of the budget plot (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the query samples")
-    parser.add_argument("--experiment", default="benchmark", help="MLflow experiment (default benchmark; 'none' skips logging)")
-    parser.add_argument("--ray", action="store_true", help="rank query blocks on Ray Data (pipelines/benchmark.py)")
-    parser.add_argument("--ray-address", default=None, help="with --ray: cluster address (default: RAY_ADDRESS, else a local one)")
-    parser.add_argument("--num-cpus", type=int, default=None, help="with --ray and a local cluster: its CPUs")
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
-    parser.set_defaults(func=_command)
+    add_arguments(parser)
+    parser.add_argument("--ray", "--ray-address", "--num-cpus", nargs="?", action=_RanksOnRay, help=argparse.SUPPRESS)
+    parser.set_defaults(func=run)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from seeder.config import SeederConfig, from_dict, parse_overrides, to_dict
+from seeder.config import ConfigError, SeederConfig, from_dict, parse_overrides, to_dict
 from seeder.io import DataError
 from seeder.metrics import evaluate, subgraph_ceiling
 from seeder.retrieve import registry
@@ -31,6 +31,46 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+DEFAULT_METHODS = ["dense", "khop"]
+
+
+def add_method_argument(parser: argparse.ArgumentParser, default: list[str]) -> None:
+    """``--method`` (also spelled ``--methods``): repeated, a comma list, or ``all``; evaluate and benchmark."""
+    parser.add_argument(
+        "--method", "--methods", dest="methods", action="append", metavar="NAME",
+        help="retrieval method; repeat it or give a comma list (dense,khop); 'all' is every registered method, "
+        f"with seeder only when --model is given (default: {','.join(default)})",
+    )
+
+
+def resolve_methods(specs: str | list[str] | None, model: str | None, default: list[str] = DEFAULT_METHODS,
+                    order: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """Method names from ``--method`` values (each a name, a comma list or ``all``), without repeats.
+
+    ``all`` expands to the methods of ``order`` that are registered, then the other registered ones,
+    and ``seeder`` last, only when a model is given (it cannot run without one)."""
+    specs = [specs] if isinstance(specs, str) else list(specs or default)
+    known = registry.available()
+    names: list[str] = []
+    for spec in specs:
+        for name in (part.strip() for part in spec.split(",")):
+            if name == "all":
+                names += [m for m in order if m in known and m != "seeder"]
+                names += [m for m in known if m not in order and m != "seeder"]
+                names += ["seeder"] if model and "seeder" in known else []
+            elif name:
+                names.append(name)
+    unknown = [m for m in names if m not in known]
+    given = ",".join(specs)
+    if unknown or not names:
+        problem = f"unknown retrieval method {', '.join(map(repr, unknown))}" if unknown else "no method named"
+        raise ConfigError(f"--method {given}: {problem}; give 'all' or methods (repeated or comma-separated) "
+                          f"of: {', '.join(known)}")
+    if "seeder" in names and not model:
+        raise ConfigError(f"--method {given} includes seeder, which needs --model RUN/model, runs:/ID/model or models:/NAME@ALIAS (a trained model)")
+    return list(dict.fromkeys(names))
 
 
 def metric_names(ks: list[int]) -> list[str]:
@@ -94,12 +134,13 @@ def format_table(report: dict[str, Any], ks: list[int]) -> str:
 def _command(args: argparse.Namespace) -> int:
     from seeder.artifacts import open_artifacts
 
+    methods = resolve_methods(args.methods, args.model)
     artifacts = open_artifacts(args.artifacts)
     config = artifacts.config
     if args.overrides:
         config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
-    methods = args.method or ["dense", "khop"]
     report = run_evaluation(artifacts, methods, args.split, config, model=args.model)
+    report["artifacts"] = str(args.artifacts)  # as given: a URI rather than its local cache
     print(format_table(report, config.eval.ks))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -108,18 +149,19 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_split_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", default="val", choices=["train", "val", "test"], help="query split")
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "evaluate",
         help="rank a split with one or more methods and print Hit@k, MRR, Recall@k, Hit/Recall@any, F1",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
-    parser.add_argument(
-        "--method", action="append", help="retrieval method (repeat for several; default: dense and khop)"
-    )
-    parser.add_argument("--split", default="val", choices=["train", "val", "test"], help="query split (default: val)")
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI (s3://, file://)")
+    add_method_argument(parser, DEFAULT_METHODS)
+    add_split_argument(parser)
     parser.add_argument("--json", help="also write the metrics as JSON to this file")
     parser.add_argument("--model", help="trained model checkpoint, for methods that need one (e.g. seeder)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")

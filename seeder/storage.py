@@ -36,6 +36,13 @@ def is_uri(path: str | os.PathLike) -> bool:
     return bool(_SCHEME.match(str(path)))
 
 
+def basename(path: str | os.PathLike) -> str:
+    """The last name of a directory path or URI, without a URI's query: ``s3://b/x/art?endpoint_override=...`` -> ``art``."""
+    if not is_uri(path):
+        return Path(path).resolve().name
+    return urlsplit(str(path)).path.rstrip("/").rsplit("/", 1)[-1]
+
+
 def cache_root() -> Path:
     """Where fetched remote directories live (``SEEDER_CACHE``, default ``~/.cache/seeder``)."""
     return Path(os.environ.get("SEEDER_CACHE", Path.home() / ".cache" / "seeder"))

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.io import DataError, atomic_directory, fingerprint_file, now, read_manifest, write_manifest
+from seeder.storage import fetch
 
 SCHEMA_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -43,7 +44,6 @@ EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("relation", 
 QUERY_BASE_SCHEMA = pa.schema(
     [("id", pa.int64()), ("text", pa.string()), ("answers", pa.list_(pa.int64())), ("split", pa.string())]
 )
-TABLES = {"nodes": NODE_SCHEMA, "relations": RELATION_SCHEMA, "edges": EDGE_SCHEMA, "queries": QUERY_BASE_SCHEMA}
 
 
 def default_inverse_text(text: str) -> str:
@@ -343,8 +343,9 @@ class KnowledgeGraph:
 
 
 def open_dataset(path: str | Path) -> KnowledgeGraph:
-    """Open a complete dataset directory; a missing or partial one is a clear error."""
-    path = Path(path)
+    """Open a complete dataset directory or URI (fetched first, ``seeder.storage``); a missing or
+    partial one is a clear error."""
+    path = fetch(path)
     if not path.is_dir():
         raise DataError(f"{path}: no such dataset directory; create one with `seeder import` or `seeder synth`")
     manifest = read_manifest(path)

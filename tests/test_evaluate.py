@@ -106,3 +106,19 @@ def test_evaluate_overrides_and_errors(artifacts, capsys):
     (path / "features" / "manifest.json").unlink()
     assert main(["evaluate", "--artifacts", str(path), "--method", "dense"]) == 2
     assert "incomplete" in capsys.readouterr().err
+
+
+def test_methods_repeated_comma_listed_or_defaulted_agree(artifacts, tmp_path, capsys):
+    path, _ = artifacts
+    spellings = [["--method", "dense", "--method", "khop"], ["--method", "dense,khop"],
+                 ["--methods", "khop,dense", "--method", "dense"], []]
+    reports = []
+    for i, spelling in enumerate(spellings):
+        assert main(["evaluate", "--artifacts", str(path), *spelling, "--json", str(tmp_path / f"{i}.json")]) == 0
+        reports.append(json.loads((tmp_path / f"{i}.json").read_text()))
+    assert all(r["methods"] == reports[0]["methods"] and r["split"] == "val" for r in reports)
+    from seeder.evaluate import resolve_methods
+
+    assert resolve_methods(["khop,dense", "dense"], None) == ["khop", "dense"]  # given order, repeats dropped
+    assert main(["evaluate", "--artifacts", str(path), "--method", "seeder"]) == 2
+    assert "needs --model" in capsys.readouterr().err

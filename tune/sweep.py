@@ -30,13 +30,13 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Persist the experiment state often, so that an interruption loses at most a few seconds of it.
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for `pipelines.*`
-from pipelines.ray_runtime import start_ray  # noqa: E402
-from seeder import sweep as sw  # noqa: E402
-from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config  # noqa: E402
-from seeder.io import DataError  # noqa: E402
+from pipelines.ray_runtime import add_ray_arguments, start_ray
+from seeder import sweep as sw
+from seeder.cli import HelpFormatter
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
+from seeder.io import DataError
+from seeder.storage import basename, is_uri
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
 
 
@@ -90,9 +90,8 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: i
     """
     from ray import tune
 
-    sys.path.insert(0, str(REPO_ROOT))  # this runs in a Ray worker, whose path lacks the repo root
-    from pipelines import train as ray_train  # noqa: PLC0415
-    from seeder import train as lib  # noqa: PLC0415
+    from pipelines import train as ray_train
+    from seeder import train as lib
 
     result = ray_train.run_training(
         config, artifacts_path, storage=tune.get_context().get_trial_dir(), name="train", num_workers=workers,
@@ -219,8 +218,8 @@ def evaluate_champion(artifacts, champion: str, client, parent_run_id: str, chil
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tune/sweep.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
+    parser = argparse.ArgumentParser(prog="python tune/sweep.py", description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI (s3://, file://)")
     parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing keys come from the artifacts")
     parser.add_argument("--num-samples", type=int, default=8, help="trials to run (default 8)")
     parser.add_argument("--max-concurrent", type=int, default=2, help="trials at a time (default 2)")
@@ -239,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-name", help="registered model name (default seeder-<artifacts dir name>)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Optuna sampler")
     parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep --name in --storage")
-    parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray)")
-    parser.add_argument("--num-cpus", type=int, help="CPUs of an embedded local Ray (default: all)")
+    add_ray_arguments(parser)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.batch_size=8")
     args = parser.parse_args(argv)
     try:
@@ -255,8 +253,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     from seeder.artifacts import open_artifacts
 
     artifacts = open_artifacts(args.artifacts)
-    artifacts_path = str(Path(args.artifacts).resolve())
-    dataset_name = Path(artifacts_path).name
+    # Trials run in their own directories and open the artifacts again: absolute, or the URI as given.
+    artifacts_path = args.artifacts if is_uri(args.artifacts) else str(Path(args.artifacts).resolve())
+    dataset_name = basename(args.artifacts)
     overrides = list(args.overrides)
     if args.epochs:
         overrides.append(f"train.epochs={args.epochs}")

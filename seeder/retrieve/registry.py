@@ -9,8 +9,7 @@ A method is a builder ``builder(artifacts, config, model=None) -> retriever``; t
     @register("ppr")
     def build_ppr(artifacts, config, model=None): ...
 
-and is listed once in ``METHOD_MODULES``. Modules are imported lazily, on the first lookup; one that
-does not exist yet is skipped, so listing a colleague's future module is harmless.
+and is listed once in ``METHOD_MODULES``. Modules are imported lazily, on the first lookup.
 """
 
 from __future__ import annotations
@@ -58,11 +57,7 @@ def _load_all() -> None:
     if _loaded:
         return
     for module in METHOD_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
-                raise  # a real missing dependency inside an existing module
+        importlib.import_module(module)
     _loaded = True
 
 

@@ -340,3 +340,22 @@ def test_lexical_seed_strategies(reference, tiny_dataset, tmp_path, strategy):
     assert hits >= 0.9, hits
     if strategy == "bm25":
         assert np.mean([s[0] == n for n, s in zip(named, seeds)]) >= 0.9
+
+
+@pytest.mark.slow
+def test_dataset_and_artifacts_may_be_uris(reference, tiny_dataset, tmp_path):
+    """--dataset and --out as file:// URIs: the dataset is fetched, the artifacts are staged locally
+    and published only when every stage finished, and they equal the local run's."""
+    from seeder import storage
+
+    dataset_uri, out_uri = f"file://{tmp_path}/remote/dataset", f"file://{tmp_path}/remote/artifacts"
+    storage.publish(tiny_dataset, dataset_uri)
+    env = _env(SEEDER_CACHE=str(tmp_path / "cache"))
+    failed = run_job(dataset_uri, out_uri, "embed.encodr=hash", env=env)
+    assert failed.returncode == 2 and not (tmp_path / "remote" / "artifacts").exists()
+    result = run_job(dataset_uri, out_uri, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    published = tmp_path / "remote" / "artifacts"
+    assert json.loads((published / "manifest.json").read_text())["dataset"] == dataset_uri
+    assert json.loads((published / "summary.json").read_text())["artifacts"] == out_uri
+    _assert_same_artifacts(reference, published)

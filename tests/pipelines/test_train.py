@@ -8,7 +8,6 @@ The Ray runs are subprocesses: each starts and stops its own embedded Ray.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -79,13 +78,10 @@ def artifacts(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipeline():
-    """pipelines/train.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("seeder_pipelines_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    """pipelines/train.py, imported as the installed module it also is."""
+    from pipelines import train
+
+    return train
 
 
 def ray_started() -> bool:

@@ -1,0 +1,99 @@
+"""The `seeder` command and the Ray entry points as a user meets them: --version, help texts without
+RST markup and with every default shown, and the layering (the library never imports Ray, pipelines
+or tune; nothing edits sys.path)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+
+from seeder.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str = "seeder"):
+    """(command name, parser) for ``parser`` and every subcommand below it."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from _parsers(sub, f"{name} {sub_name}")
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"seeder {importlib.metadata.version('seeder')}"
+
+
+def test_every_seeder_help_is_plain_text_and_shows_each_default():
+    commands = dict(_parsers(build_parser()))
+    assert {"seeder evaluate", "seeder benchmark", "seeder retrieve", "seeder import triples", "seeder ui"} <= set(commands)
+    for name, parser in commands.items():
+        text = parser.format_help()
+        assert "``" not in text and "**" not in text, name
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            unset = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+            if action.option_strings and action.help is not argparse.SUPPRESS and not unset:
+                assert "default" in formatter._expand_help(action), f"{name} {action.option_strings[0]}"
+
+
+def test_evaluate_and_benchmark_spell_method_and_split_alike():
+    commands = dict(_parsers(build_parser()))
+    for name in ("seeder evaluate", "seeder benchmark"):
+        options = {opt: action for action in commands[name]._actions for opt in action.option_strings}
+        assert options["--method"] is options["--methods"] and options["--method"].dest == "methods", name
+        assert options["--split"].default == "val", name
+
+
+@pytest.mark.parametrize("module, expected", [
+    ("pipelines.preprocess", "--shard-rows SHARD_ROWS\n                        texts per embedding shard (resume granularity)\n"
+                             "                        (default: 10000)"),
+    ("pipelines.train", "(default: seeder-train)"),
+    ("pipelines.benchmark", "--ray-address RAY_ADDRESS"),
+    ("tune.sweep", "--ray-address RAY_ADDRESS"),
+])
+def test_entry_point_help_is_plain_text_with_the_shared_ray_options(module, expected, capsys):
+    import importlib
+
+    entry = importlib.import_module(module)
+    with pytest.raises(SystemExit) as exit_info:
+        (entry.parse_args if module == "pipelines.preprocess" else entry.main)(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and "**" not in text
+    assert expected in text
+    # The same words for the same option in every entry point.
+    assert "Default: RAY_ADDRESS (ray job submit sets it), else an embedded local Ray" in " ".join(text.split())
+    assert "CPUs of an embedded local Ray (default: all of this machine's)" in " ".join(text.split())
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            roots.add(str(node.args[0].value).split(".")[0])
+    return roots
+
+
+def test_the_library_imports_neither_ray_nor_the_entry_points():
+    offenders = {str(p.relative_to(REPO)): roots for p in sorted((REPO / "seeder").rglob("*.py"))
+                 if (roots := _imported_roots(p) & {"ray", "pipelines", "tune"})}
+    assert offenders == {}
+
+
+def test_nothing_edits_sys_path():
+    files = [p for d in ("seeder", "pipelines", "tune") for p in sorted((REPO / d).rglob("*.py"))]
+    assert files and [str(p.relative_to(REPO)) for p in files if "sys.path" in p.read_text()] == []

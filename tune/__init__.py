@@ -1,0 +1,3 @@
+"""The Ray Tune entry point (``python tune/sweep.py``); the Ray-free sweep pieces live in ``seeder.sweep``.
+
+Imported as ``tune`` only by its own scripts; Ray's tuner is ``ray.tune``, a different name."""
