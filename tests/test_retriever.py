@@ -1,48 +1,20 @@
 """seeder/retriever.py: a trained model answering new questions, the same rankings as preprocessing and
 ``seeder evaluate``, triples and prompts, the pyfunc model, and the `seeder retrieve` batch command.
 
-One module fixture builds a small synthetic graph, preprocesses it (hash encoder, entity linking) and
-trains a model for a few epochs; every test reads it.
+The session fixture ``trained`` (tests/conftest.py) builds a small synthetic graph, preprocesses it
+(hash encoder, entity linking) and trains a model for a few epochs; every test reads it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
-
-
-def _run(args, **kwargs):
-    return subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("retriever")
-    seeder = str(Path(sys.executable).parent / "seeder")
-    env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
-    done = _run([seeder, "synth", "--out", str(root / "syn"), "--nodes", "300", "--relations", "4", "--queries", "300",
-                 "--max-path-length", "1", "--hubs", "0", "--multi-answer-frac", "0"], env=env)
-    assert done.returncode == 0, done.stderr
-    done = _run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "syn"), "--out",
-                 str(root / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1",
-                 "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32", "expand.budget=60",
-                 "expand.keep_per_hop=[30,30]"], env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = _run([sys.executable, "-m", "seeder.train", "--artifacts", str(root / "art"), "--out", str(root / "run"),
-                 "train.epochs=4", "train.warmup_epochs=1", "train.expansion_sizes=[5]", "train.frontier_caps=[20]",
-                 "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"], env=env, cwd=root)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run_id = done.stdout.split("MLflow run ")[1].split(":")[0]
-    return root, run_id
+from tests.conftest import ENV, run as _run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,39 @@
+"""Fixtures shared across test modules."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
+
+
+def run(args, **kwargs):
+    return subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """(root, MLflow run id): ``seeder synth`` -> pipelines/preprocess.py (hash encoder, entity linking)
+    -> ``python -m seeder.train`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
+    root = tmp_path_factory.mktemp("trained")
+    seeder = str(Path(sys.executable).parent / "seeder")
+    env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
+    done = run([seeder, "synth", "--out", str(root / "syn"), "--nodes", "300", "--relations", "4", "--queries", "300",
+                "--max-path-length", "1", "--hubs", "0", "--multi-answer-frac", "0"], env=env)
+    assert done.returncode == 0, done.stderr
+    done = run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "syn"), "--out",
+                str(root / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1",
+                "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32", "expand.budget=60",
+                "expand.keep_per_hop=[30,30]"], env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run([sys.executable, "-m", "seeder.train", "--artifacts", str(root / "art"), "--out", str(root / "run"),
+                "train.epochs=4", "train.warmup_epochs=1", "train.expansion_sizes=[5]", "train.frontier_caps=[20]",
+                "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"], env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, done.stdout.split("MLflow run ")[1].split(":")[0]

@@ -1,0 +1,105 @@
+"""pipelines/serve.py (``seeder serve``): a trained model behind Ray Serve over loopback; valid and bad
+requests, the bind address, and the request parser on its own."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipelines.serve import BadRequest, parse_request
+from tests.conftest import ENV
+
+
+def post(url: str, body: bytes, timeout: float = 120) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(trained, tmp_path_factory):
+    root, _ = trained
+    ready = tmp_path_factory.mktemp("serve") / "ready"
+    port = free_port()
+    seeder = str(Path(sys.executable).parent / "seeder")
+    proc = subprocess.Popen([seeder, "serve", "--model", str(root / "run" / "model"), "--port", str(port),
+                             "--max-questions", "1000", "--ready-file", str(ready)],
+                            env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"seeder serve did not start: {proc.stdout.read()[-3000:]}")
+        time.sleep(1)
+    yield f"http://127.0.0.1:{port}/", port, root
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_a_batch_of_questions_gets_the_apis_rankings(server):
+    from seeder import Retriever
+
+    url, _, root = server
+    retriever = Retriever.load(root / "run" / "model")
+    questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:4]
+    status, reply = post(url, json.dumps({"questions": questions, "k": 5}).encode())
+    assert status == 200
+    expected = retriever.retrieve(questions, k=5)
+    assert [[n["id"] for n in r["nodes"]] for r in reply["results"]] == [[n.id for n in h.nodes] for h in expected]
+    assert [r["triples"] for r in reply["results"]] == [[list(t) for t in h.triples] for h in expected]
+    status, reply = post(url, json.dumps({"question": "zzzz qqqq no entity here"}).encode())  # dense seeds only
+    assert status == 200 and len(reply["results"][0]["nodes"]) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "not JSON"),
+    (b'{"questions": []}', 400, "non-empty list"),
+    (b'["a question"]', 400, "JSON object"),
+    (b'{"questions": ["ok", 7]}', 400, "question 1"),
+    (b'{"questions": ["ok"], "k": 0}', 400, '"k"'),
+    (json.dumps({"questions": ["what is it"] * 10_000}).encode(), 413, "at most 1000"),
+])
+def test_bad_requests_get_a_4xx_and_the_service_keeps_running(server, body, status, message):
+    url, _, _ = server
+    got, reply = post(url, body)
+    assert got == status and message in reply["error"]
+    assert post(url, b'{"question": "still there?", "k": 1}')[0] == 200
+
+
+@pytest.mark.slow
+def test_the_service_listens_on_loopback_only(server):
+    _, port, _ = server
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    assert f"127.0.0.1:{port}" in listening and f"0.0.0.0:{port}" not in listening and f"*:{port}" not in listening
+
+
+def test_parse_request_without_a_server():
+    assert parse_request(b'{"questions": ["a", "b"], "k": 3}', 10, 100) == (["a", "b"], 3)
+    assert parse_request(b'{"question": "a"}', 10, 100) == (["a"], 10)
+    with pytest.raises(BadRequest) as info:
+        parse_request(json.dumps({"questions": ["a"] * 11}).encode(), 10, 100)
+    assert info.value.status == 413
