@@ -328,9 +328,7 @@ def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
     summary = {"best_epoch": state.best_epoch, "best_val_recall_at_20": best_row.get("val_recall_at_20", float("nan")),
                "best_val_mrr": best_row.get("val_mrr", float("nan")), "epochs": len(state.history), "best": str(model_dir)}
     if run is not None:
-        tracking.log_epoch_metrics(run.run_id, {"best_val_recall_at_20": summary["best_val_recall_at_20"],
-                                                "best_epoch": state.best_epoch}, step=len(state.history), uri=run.uri)
-        run.finish(model_dir, state.history)
+        run.finish(model_dir, state.history)  # the model's description records its epoch and metrics
     return summary
 
 

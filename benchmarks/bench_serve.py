@@ -1,0 +1,165 @@
+"""Serving benchmark: a trained model through the Python API and through `seeder serve` over loopback.
+
+    python benchmarks/bench_serve.py --model runs/metaqa/model/model [--split test] [--questions 400]
+
+In one run, on the questions of a split (their text only: every question goes through encoding,
+seeding, K-HOP-WITH-FILTERING, expansion and ranking):
+
+1. ``Retriever.load`` time;
+2. the API, one question per call: p50 / p95 / p99 latency;
+3. the API, batches of ``--batch`` questions: questions per second;
+4. ``seeder serve`` started on 127.0.0.1: one question per request from 1 client (latency), from
+   ``--clients`` concurrent clients (errors, throughput), and client-side batches of
+   ``--request-batch`` questions (throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def percentiles(ms: list[float]) -> str:
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return f"p50 {p50:.1f} ms  p95 {p95:.1f} ms  p99 {p99:.1f} ms"
+
+
+def post(url: str, payload: dict, timeout: float = 300) -> tuple[int, float]:
+    body = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError):
+        status = 0
+    return status, (time.perf_counter() - start) * 1000
+
+
+def load_clients(url: str, payloads: list[dict], clients: int) -> tuple[list[float], int, float]:
+    """Send ``payloads`` from ``clients`` threads; (latencies ms, errors, wall seconds)."""
+    latencies, errors, lock, cursor = [], [0], threading.Lock(), [0]
+
+    def worker():
+        while True:
+            with lock:
+                if cursor[0] >= len(payloads):
+                    return
+                payload = payloads[cursor[0]]
+                cursor[0] += 1
+            status, ms = post(url, payload)
+            with lock:
+                latencies.append(ms)
+                errors[0] += status != 200
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return latencies, errors[0], time.perf_counter() - start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
+    parser.add_argument("--split", default="test", help="split whose question texts are sent")
+    parser.add_argument("--questions", type=int, default=400, help="questions per measurement")
+    parser.add_argument("--batch", type=int, default=256, help="API batch size")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent HTTP clients")
+    parser.add_argument("--request-batch", type=int, default=64, help="questions per request in the client-side batching run")
+    parser.add_argument("--replicas", type=int, default=1, help="serve replicas")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the API runs (a replica uses its CPUs)")
+    parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from seeder import Retriever
+
+    start = time.perf_counter()
+    retriever = Retriever.load(args.model)
+    load_s = time.perf_counter() - start
+    questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
+    rng = np.random.default_rng(0)
+    questions = [questions[i] for i in rng.permutation(len(questions))[: max(args.questions, args.batch)]]
+    start = time.perf_counter()
+    retriever.retrieve(questions[:1], k=10)  # first call builds the encoder, name index and graph index
+    warm_s = time.perf_counter() - start
+    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes)")
+
+    single = []
+    for q in questions[: args.questions]:
+        t = time.perf_counter()
+        retriever.retrieve([q], k=10)
+        single.append((time.perf_counter() - t) * 1000)
+    print(f"API, one question per call ({len(single)}): {percentiles(single)}")
+    batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
+    t = time.perf_counter()
+    for b in batches:
+        retriever.retrieve(b, k=10)
+    seconds = time.perf_counter() - t
+    print(f"API, batches of {args.batch}: {sum(map(len, batches)) / seconds:.0f} questions/s")
+    if args.skip_serve:
+        return
+
+    port = free_port()
+    ready = Path(tempfile.mkdtemp()) / "ready"
+    seeder = str(Path(sys.executable).parent / "seeder")
+    proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
+                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise SystemExit("seeder serve exited before it was ready")
+            time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}/"
+        post(url, {"question": questions[0], "k": 10})
+        payloads = [{"question": q, "k": 10} for q in questions[: args.questions]]
+        latencies, errors, _ = load_clients(url, payloads, 1)
+        print(f"serve, 1 client, one question per request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
+        latencies, errors, wall = load_clients(url, payloads, args.clients)
+        print(f"serve, {args.clients} clients, one question per request: {len(payloads) / wall:.0f} questions/s, "
+              f"{percentiles(latencies)}, {errors} errors")
+        batched = [{"questions": questions[i : i + args.request_batch], "k": 10}
+                   for i in range(0, len(questions), args.request_batch)]
+        latencies, errors, wall = load_clients(url, batched * 2, 4)
+        total = 2 * sum(len(p["questions"]) for p in batched)
+        print(f"serve, 4 clients, {args.request_batch} questions per request: {total / wall:.0f} questions/s, "
+              f"{percentiles(latencies)} per request, {errors} errors")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    main()
