@@ -224,12 +224,14 @@ def run_trial(
     report: Callable[[dict[str, float], Path], None],
     resume_dir: Path | None = None,
     on_best: Callable[[Any], None] | None = None,
+    artifacts: dict | None = None,
 ) -> dict[str, float]:
     """Train one trial with ``seeder.train.fit``; after each epoch ``report(metrics, checkpoint_dir)``.
 
     ``checkpoint_dir`` is a training checkpoint (``seeder.checkpoint``: it carries the best weights
     so far) in a temporary directory the caller may copy; ``resume_dir`` is such a directory from an
     earlier run of the same trial. ``on_best(state)`` is called when an epoch improves the objective.
+    ``artifacts`` (``seeder.checkpoint.artifacts_record``) is recorded in the trial's models.
     A NaN or infinite loss or metric raises ``seeder.train.TrainingDiverged``. Returns the best epoch's
     metrics."""
     from seeder import checkpoint
@@ -238,7 +240,7 @@ def run_trial(
     if resume_dir is not None and checkpoint.is_checkpoint(resume_dir):
         state = lib.load_state(resume_dir)
     else:
-        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config))
+        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config), artifacts)
     work = Path(tempfile.mkdtemp(prefix="seeder-trial-"))
 
     def after_epoch(state, metrics: dict[str, Any], improved: bool) -> None:

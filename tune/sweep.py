@@ -113,6 +113,7 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
     from seeder import train as lib
     from seeder import tracking as mlflow_runs
     from seeder.artifacts import open_artifacts
+    from seeder.checkpoint import artifacts_record
     from seeder.inference import QueryData
 
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
@@ -143,11 +144,12 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
             with tempfile.TemporaryDirectory() as directory:
                 run.log_model(lib.export_best(state, Path(directory) / "model"))
 
+        record = artifacts_record(artifacts)
         if checkpoint is not None:
             with checkpoint.as_directory() as resume_dir:
-                sw.run_trial(config, train_data, val_data, report, Path(resume_dir), on_best=log_best)
+                sw.run_trial(config, train_data, val_data, report, Path(resume_dir), on_best=log_best, artifacts=record)
         else:
-            sw.run_trial(config, train_data, val_data, report, on_best=log_best)
+            sw.run_trial(config, train_data, val_data, report, on_best=log_best, artifacts=record)
         run.finish(None, [])
     except BaseException as exc:
         # ASHA stopping a trial ends its thread from inside tune.report: not a failure (the driver
