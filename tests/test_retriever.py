@@ -24,9 +24,7 @@ def retriever(trained):
     return Retriever.load(trained[0] / "run" / "model")
 
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     """Encoding, seeding and K-HOP-WITH-FILTERING online give the preprocessed subgraphs, so the
     rankings of a question's text equal those of ``seeder evaluate`` on the same question."""
@@ -51,6 +49,7 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     assert report["methods"]["seeder"]["all"]["hit_at_1"] == pytest.approx(float(mine["hit_at_1"].mean()))
 
 
+@pytest.mark.slow
 def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     kg = retriever.artifacts.dataset
     question = kg.queries_of("test").column("text")[0].as_py()
@@ -68,6 +67,7 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     assert all(f"{h} | {r} | {t}" in prompt for h, r, t in hit.triples)
 
 
+@pytest.mark.slow
 def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
     from seeder.retrieve.seeds import dense_seeds
 
@@ -78,6 +78,7 @@ def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
     assert len(retriever.retrieve([question], k=5)[0].nodes) == 5
 
 
+@pytest.mark.slow
 def test_bad_questions_are_clear_errors(retriever):
     from seeder.io import DataError
 
@@ -85,6 +86,7 @@ def test_bad_questions_are_clear_errors(retriever):
         retriever.retrieve(["ok", "  "])
 
 
+@pytest.mark.slow
 def test_the_pyfunc_model_returns_the_apis_rankings(trained, retriever):
     import mlflow
     import pandas as pd
@@ -97,6 +99,7 @@ def test_the_pyfunc_model_returns_the_apis_rankings(trained, retriever):
     pd.testing.assert_frame_equal(frame.reset_index(drop=True), expected, check_dtype=False)
 
 
+@pytest.mark.slow
 def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_path):
     root, _ = trained
     questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:3]
@@ -114,3 +117,74 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
     assert pq.read_table(tmp_path / "r.parquet").column("question").to_pylist() == questions
     done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", questions[0]], env=ENV)
     assert json.loads(done.stdout)["nodes"][0]["id"] == expected[0].nodes[0].id
+
+
+def _artifacts_for(root: Path, strategy: str):
+    """A 60-node graph whose questions name an entity, preprocessed by hand with the hash encoder (the
+    library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from seeder.config import load_config, to_dict
+    from seeder.embed import HashEncoder
+    from seeder.io import write_manifest
+    from seeder.preprocess import run_seeds
+    from seeder.retrieve.khop import expand_queries
+    from seeder.artifacts import read_seed_table
+    from seeder.store import open_dataset, write_dataset
+    from seeder.train import build_state, export_best
+
+    rng = np.random.default_rng(3)
+    n, r, q, dim = 60, 3, 12, 32
+    names = [f"entity {w}" for w in ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+                                     "pi rho sigma tau upsilon phi chi psi omega").split()] + [f"place {i}" for i in range(n - 24)]
+    answers = [[int(a)] for a in rng.integers(0, n, q)]
+    queries = pa.table({"id": np.arange(q) + 100, "text": [f"what is linked to {names[i]}" for i in range(q)],
+                        "answers": answers, "split": ["train"] * 4 + ["val"] * 8, "topic_id": np.arange(q)})
+    dataset = write_dataset(
+        root / "dataset", pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
+        pa.table({"id": np.arange(r, dtype=np.int32), "name": ["a", "b", "c"], "text": ["a", "b", "c"],
+                  "inverse_text": ["a-", "b-", "c-"]}),
+        pa.table({"src": rng.integers(0, n, 240), "dst": rng.integers(0, n, 240), "relation": rng.integers(0, r, 240).astype(np.int32)}),
+        queries)
+    kg = open_dataset(dataset)
+    config = load_config(None, ["embed.encoder=hash", f"embed.hash_dim={dim}", f"seed.strategy={strategy}", "seed.k0=2",
+                                "expand.budget=20", "expand.keep_per_hop=[8,10]", "model.hidden_dim=16", "model.num_layers=1",
+                                "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]"])
+    encoder = HashEncoder(dim=dim)
+    nf, qf = encoder.encode(names), encoder.encode(queries.column("text").to_pylist())
+    rf = encoder.encode([f"{t}" for t in ["a", "b", "c", "a-", "b-", "c-"]])
+    out = root / "artifacts"
+    (out / "features").mkdir(parents=True)
+    (out / "seeds").mkdir()
+    for name, array in (("node", nf), ("relation", rf), ("query", qf), ("query_ids", np.arange(q) + 100)):
+        np.save(out / "features" / f"{name}.npy", array)
+    write_manifest(out / "features", {"stage": "features"})
+    run_seeds(out / "features", out / "seeds", kg, config)
+    _, seeds, scores = read_seed_table(out / "seeds" / "seeds.parquet")
+    splits = np.array(queries.column("split").to_pylist(), dtype=object)
+    subgraphs = expand_queries(kg, nf, rf, qf, seeds, scores, config.expand, np.arange(q) + 100, splits,
+                               np.arange(q + 1), np.concatenate(answers))
+    (out / "subgraphs").mkdir()
+    pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
+    write_manifest(out / "subgraphs", {"stage": "subgraphs"})
+    write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "config": to_dict(config)})
+    model = export_best(build_state(config, dim, 1), root / "model")
+    return out, model, queries.column("text").to_pylist()
+
+
+@pytest.mark.parametrize("strategy", ["dense", "entity", "dense+entity", "bm25", "hybrid", "given"])
+def test_every_seeding_strategy_serves_new_questions_like_preprocessing(tmp_path, strategy):
+    """One seeding function for preprocessing and new questions: a preprocessed question's text gets
+    the seeds and the subgraph preprocessing stored, whatever ``seed.strategy`` built the artifacts
+    (``given`` reads the topic attribute, which a new question lacks: its topic is passed in)."""
+    from seeder import Retriever
+
+    artifacts, model, texts = _artifacts_for(tmp_path, strategy)
+    retriever = Retriever.load(model, artifacts=artifacts)
+    _, stored = retriever.rank_split("val")
+    topics = list(range(4, 12)) if strategy == "given" else None
+    online, _ = retriever.subgraphs(texts[4:], topics=topics)
+    np.testing.assert_array_equal(online.nodes, stored.nodes)
+    hits = retriever.retrieve(texts[4:6], k=3, topics=topics[:2] if topics else None)
+    assert [len(h.nodes) for h in hits] == [3, 3]
