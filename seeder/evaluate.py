@@ -20,7 +20,7 @@ import numpy as np
 
 from seeder.config import ConfigError, SeederConfig, from_dict, parse_overrides, to_dict
 from seeder.io import DataError
-from seeder.metrics import evaluate, subgraph_ceiling
+from seeder.metrics import evaluate, group_by, subgraph_ceiling
 from seeder.retrieve import registry
 
 METRIC_ORDER = ["hit_at_{k}", "recall_at_{k}", "mrr", "hit_any", "recall_any", "set_size", "precision", "f1"]
@@ -81,14 +81,19 @@ def metric_names(ks: list[int]) -> list[str]:
 
 
 def run_evaluation(
-    artifacts, methods: list[str], split: str, config: SeederConfig, model: str | None = None, log=print
+    artifacts, methods: list[str], split: str, config: SeederConfig, model: str | None = None, log=print,
+    by: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Metrics of every method on ``split``: ``{"methods": {name: {group: {metric: value}}}, "ceiling": ...}``."""
+    """Metrics of every method on ``split``: ``{"methods": {name: {group: {metric: value}}}, "ceiling": ...}``,
+    overall and per value of the query attributes ``by`` (default: ``seeder.metrics.group_by``)."""
     subgraphs = artifacts.subgraphs(split=split)
     if len(subgraphs) == 0:
         raise DataError(f"{artifacts.path}: no {split} queries in the subgraphs stage; pick another --split")
     query_features = np.asarray(artifacts.query_features[artifacts.query_rows(subgraphs.query_ids)], dtype=np.float32)
-    attributes = artifacts.dataset.query_attributes(subgraphs.query_ids)
+    try:
+        attributes = group_by(artifacts.dataset.query_attributes(subgraphs.query_ids), by)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     report: dict[str, Any] = {
         "artifacts": str(artifacts.path),
         "split": split,
@@ -139,7 +144,7 @@ def _command(args: argparse.Namespace) -> int:
     config = artifacts.config
     if args.overrides:
         config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
-    report = run_evaluation(artifacts, methods, args.split, config, model=args.model)
+    report = run_evaluation(artifacts, methods, args.split, config, model=args.model, by=args.by)
     report["artifacts"] = str(args.artifacts)  # as given: a URI rather than its local cache
     print(format_table(report, config.eval.ks))
     if args.json:
@@ -163,6 +168,8 @@ def register(subparsers) -> None:
     add_method_argument(parser, DEFAULT_METHODS)
     add_split_argument(parser)
     parser.add_argument("--json", help="also write the metrics as JSON to this file")
+    parser.add_argument("--by", action="append", help="query attribute to break results down by (repeatable; "
+                        "default: hop, else a question-type attribute with few values)")
     parser.add_argument("--model", help="trained model checkpoint, for methods that need one (e.g. seeder)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
     parser.set_defaults(func=_command)

@@ -102,6 +102,35 @@ def _attribute_labels(column) -> np.ndarray | None:
     return labels if len(np.unique(labels)) <= MAX_GROUPS_PER_ATTRIBUTE else None
 
 
+DEFAULT_GROUP_BY = "hop"
+MAX_DEFAULT_GROUPS = 12
+
+
+def group_by(attributes: dict[str, np.ndarray] | None, by: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The query attributes results are broken down by: the ones named in ``by`` (an unknown name is
+    an error), else ``hop`` when the queries have it, else the groupable attribute with the fewest
+    values if it has at most ``MAX_DEFAULT_GROUPS`` (a question type). Id-like attributes (a topic
+    node, ``*_id``) never make groups by default: on a small split they give a group per query."""
+    attributes = attributes or {}
+    if by:
+        unknown = [name for name in by if name not in attributes]
+        if unknown:
+            raise ValueError(f"--by {', '.join(unknown)}: the queries have no such attribute; they have: "
+                             f"{', '.join(attributes) or 'none'}")
+        return {name: attributes[name] for name in by}
+    if DEFAULT_GROUP_BY in attributes and _attribute_labels(attributes[DEFAULT_GROUP_BY]) is not None:
+        return {DEFAULT_GROUP_BY: attributes[DEFAULT_GROUP_BY]}
+    candidates = []
+    for name, column in attributes.items():
+        labels = _attribute_labels(column)
+        if labels is None or name == "id" or name.endswith("_id"):
+            continue
+        count = len(np.unique(labels))
+        if 1 < count <= MAX_DEFAULT_GROUPS:
+            candidates.append((count, name))
+    return {min(candidates)[1]: attributes[min(candidates)[1]]} if candidates else {}
+
+
 def _group_means(values: dict[str, np.ndarray], attributes: dict[str, np.ndarray] | None) -> dict[str, dict]:
     num_q = len(next(iter(values.values()))) if values else 0
     groups: dict[str, np.ndarray] = {"all": np.ones(num_q, dtype=bool)}

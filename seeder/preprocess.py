@@ -591,12 +591,12 @@ def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_i
 def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
     """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split, and per
     value of each query attribute that makes groups (e.g. ``hop``; see seeder.metrics)."""
-    from seeder.metrics import subgraph_ceiling
+    from seeder.metrics import group_by, subgraph_ceiling
 
     out: dict[str, Any] = {}
     for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
         part = subgraphs if split == "all" else subgraphs.select_split(split)
-        out[split] = subgraph_ceiling(part, kg.query_attributes(part.query_ids) or None)
+        out[split] = subgraph_ceiling(part, group_by(kg.query_attributes(part.query_ids)) or None)
     return out
 
 

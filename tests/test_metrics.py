@@ -105,3 +105,18 @@ def test_list_valued_and_high_cardinality_attributes_make_no_groups():
     finally:
         metrics.MAX_GROUPS_PER_ATTRIBUTE = old
     assert list(out) == ["all"]
+
+
+def test_results_are_grouped_by_hop_or_a_question_type_never_by_an_id():
+    from seeder.metrics import group_by
+
+    n = 40
+    attributes = {"topic_id": np.arange(n), "qtype": np.array(["a", "b", "c", "d"] * 10, dtype=object),
+                  "hop": np.array([1, 2] * 20)}
+    assert list(group_by(attributes)) == ["hop"]
+    without_hop = {k: v for k, v in attributes.items() if k != "hop"}
+    assert list(group_by(without_hop)) == ["qtype"]
+    assert group_by({"topic_id": np.arange(n) % 5}) == {}  # id-like, even with few values
+    assert list(group_by(attributes, ["qtype", "hop"])) == ["qtype", "hop"]
+    with pytest.raises(ValueError, match="no such attribute"):
+        group_by(attributes, ["kind"])
