@@ -88,6 +88,7 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
+    parser.add_argument("--artifacts", help="artifacts (default: the ones the model was trained on)")
     parser.add_argument("--split", default="test", help="split whose question texts are sent")
     parser.add_argument("--questions", type=int, default=400, help="questions per measurement")
     parser.add_argument("--batch", type=int, default=256, help="API batch size")
@@ -104,7 +105,7 @@ def main() -> None:
     from seeder import Retriever
 
     start = time.perf_counter()
-    retriever = Retriever.load(args.model)
+    retriever = Retriever.load(args.model, artifacts=args.artifacts)
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -133,7 +134,7 @@ def main() -> None:
     ready = Path(tempfile.mkdtemp()) / "ready"
     seeder = str(Path(sys.executable).parent / "seeder")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
-                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():
             if proc.poll() is not None:
