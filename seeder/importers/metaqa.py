@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seeder.io import DataError, fingerprint_file
+from seeder.io import DataError, fingerprint_file, writes_output
 from seeder.importers import first_examples, hash_split, lookup, progress, read_lines
 from seeder.store import default_inverse_text, write_dataset
 
@@ -190,6 +190,7 @@ def read_questions(path: Path, hop: int, names: pa.Array) -> tuple[pa.Table, dic
     return table.filter(pa.array(keep)), stats
 
 
+@writes_output
 def import_metaqa(
     root: str | Path,
     out: str | Path,

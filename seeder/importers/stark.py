@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from seeder.io import DataError, fingerprint_file
+from seeder.io import DataError, fingerprint_file, writes_output
 from seeder.importers import check_utf8, first_examples, progress, read_lines
 from seeder.store import SPLITS, default_inverse_text, write_dataset
 
@@ -249,6 +249,7 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
     )
 
 
+@writes_output
 def import_stark(kb: str | Path, qa: str | Path, out: str | Path, overwrite: bool = False) -> dict[str, Any]:
     """Import a STaRK knowledge base and its queries into dataset directory ``out``."""
     progress(f"stark: reading knowledge base {kb}")

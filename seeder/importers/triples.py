@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from seeder.io import DataError, fingerprint_file
+from seeder.io import DataError, fingerprint_file, writes_output
 from seeder.importers import check_utf8, first_examples, hash_split, lookup, progress
 from seeder.store import SPLITS, default_inverse_text, write_dataset
 
@@ -65,6 +65,7 @@ def _empty_rows(values: pa.Array) -> np.ndarray:
     return np.flatnonzero(pc.or_(pc.is_null(values), pc.equal(pc.utf8_length(values), 0)).to_numpy(zero_copy_only=False))
 
 
+@writes_output
 def import_triples(
     triples: str | Path,
     out: str | Path,

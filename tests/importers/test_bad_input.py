@@ -204,3 +204,27 @@ def test_killed_writer_leaves_only_a_partial_directory(tmp_path):
     assert not out.exists()
     with pytest.raises(DataError, match="no such dataset directory"):
         open_dataset(out)
+
+
+def test_import_overwrite_refuses_a_foreign_folder_and_a_busy_out(tmp_path, capsys):
+    from seeder.cli import main
+    from tests.processes import lock_held_by_another_process
+
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "main.c").write_text("int main() {}")
+    command = ["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(folder), "--overwrite"]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"seeder import: error: {folder}: not a directory this tool wrote (it has no manifest.json of kind "
+                   f"seeder-dataset or seeder-artifacts), so --overwrite leaves it untouched; remove it yourself or "
+                   f"choose another --out")
+    assert (folder / "src" / "main.c").read_text() == "int main() {}" and len(list(folder.rglob("*"))) == 2
+
+    out = tmp_path / "ds"
+    with lock_held_by_another_process(out) as first:
+        assert main(["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"seeder import: error: {out} is being written by process {first.pid}") and "\n" not in err
+        assert not out.exists()
+    assert main(["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(out)]) == 0
