@@ -166,6 +166,8 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
     """
     qa = Path(qa)
     csv_path = qa / "stark_qa" / "stark_qa.csv"
+    if csv_path.is_dir():
+        raise DataError(f"{csv_path}: is a directory, expected a file")
     if not csv_path.is_file():
         raise DataError(f"{csv_path}: not found; --qa must be the folder holding stark_qa/ and split/")
     check_utf8(csv_path)
@@ -219,6 +221,8 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
         raise DataError(f"{csv_path}: duplicate query ids {first_examples(dup)}; ids must be unique")
     for name in SPLITS:
         index_path = qa / "split" / f"{name}.index"
+        if index_path.is_dir():
+            raise DataError(f"{index_path}: is a directory, expected a file")
         if not index_path.is_file():
             raise DataError(f"{index_path}: not found; STaRK ships split/train.index, val.index and test.index")
         raw = pc.utf8_trim_whitespace(read_lines(index_path))
