@@ -87,15 +87,16 @@ def check_replaceable(target: str | Path, overwrite: bool, marker: str | None = 
         raise FileExistsError(f"{target} already exists; choose another --out or pass --overwrite")
     if target.is_symlink() or not target.is_dir():
         what = "a symbolic link" if target.is_symlink() else "a file, not a directory"
-        raise DataError(f"{target}: is {what}, so --overwrite leaves it untouched; remove it yourself or choose another --out")
+        raise DataError(f"{target}: is {what}, so it is left untouched rather than replaced; remove it yourself or "
+                        f"choose another --out")
     if next(target.iterdir(), None) is None:
         return
     if _manifest_kind(target) in OWNED_KINDS or (marker is not None and (target / marker).is_file()):
         return
     what = f"{MANIFEST} of kind {' or '.join(OWNED_KINDS)}" + (f", nor {marker}" if marker else "")
     raise DataError(
-        f"{target}: not a directory this tool wrote (it has no {what}), so --overwrite leaves it untouched; "
-        f"remove it yourself or choose another --out"
+        f"{target}: not a directory this tool wrote (it has no {what}), so it is left untouched rather than "
+        f"replaced; remove it yourself or choose another --out"
     )
 
 

@@ -35,7 +35,8 @@ def test_overwrite_refuses_a_folder_this_tool_did_not_write_and_leaves_it_untouc
     (home / "notes.txt").write_text("do not delete")
     (home / "manifest.json").write_text(json.dumps({"kind": "someone-else"}))
     before = snapshot(home)
-    with pytest.raises(DataError, match=r"home: not a directory this tool wrote .*leaves it untouched; remove it yourself"):
+    with pytest.raises(DataError, match=r"home: not a directory this tool wrote .*left untouched rather than replaced; "
+                                        r"remove it yourself"):
         write_dataset(home, *tables(), overwrite=True)
     assert snapshot(home) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # no partial directory, no lock file left
@@ -57,7 +58,7 @@ def test_overwrite_replaces_an_empty_directory_a_dataset_or_artifacts(tmp_path, 
 
 def test_overwrite_refuses_a_file_a_link_and_an_unreadable_manifest(tmp_path):
     (tmp_path / "file").write_text("data")
-    with pytest.raises(DataError, match=r"file: is a file, not a directory, so --overwrite leaves it untouched"):
+    with pytest.raises(DataError, match=r"file: is a file, not a directory, so it is left untouched"):
         check_replaceable(tmp_path / "file", overwrite=True)
     write_dataset(tmp_path / "ds", *tables())
     (tmp_path / "link").symlink_to(tmp_path / "ds")

@@ -217,8 +217,8 @@ def test_import_overwrite_refuses_a_foreign_folder_and_a_busy_out(tmp_path, caps
     assert main(command) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"seeder import: error: {folder}: not a directory this tool wrote (it has no manifest.json of kind "
-                   f"seeder-dataset or seeder-artifacts), so --overwrite leaves it untouched; remove it yourself or "
-                   f"choose another --out")
+                   f"seeder-dataset or seeder-artifacts), so it is left untouched rather than replaced; remove it "
+                   f"yourself or choose another --out")
     assert (folder / "src" / "main.c").read_text() == "int main() {}" and len(list(folder.rglob("*"))) == 2
 
     out = tmp_path / "ds"
