@@ -206,6 +206,8 @@ def import_triples(
     rel_names = pc.unique(rels)
     rel_names = rel_names.take(pc.array_sort_indices(rel_names))
     rel_text = pc.utf8_trim_whitespace(pc.replace_substring(rel_names, "_", " "))
+    # A relation named only of underscores ("_") would get an empty text: it reads as its name instead.
+    rel_text = pc.if_else(pc.equal(pc.utf8_length(rel_text), 0), rel_names, rel_text)
     nodes = pa.table({"id": pa.array(np.arange(len(keys), dtype=np.int64)), "type": types, "name": names, "text": texts})
     relations = pa.table(
         {

@@ -135,3 +135,12 @@ def test_a_bom_never_becomes_part_of_an_id(tmp_path):
     kg = open_dataset(tmp_path / "a")
     assert nodes_by_name(kg)["Kismet"]["text"] == "a 1944 film"
     assert kg.queries.column("text").to_pylist() == ["who directed Kismet"]
+
+
+def test_a_relation_named_only_of_underscores_reads_as_its_name(tmp_path):
+    # Found by the fuzz test: "_" became the empty text "", which the store then refused.
+    (tmp_path / "t.tsv").write_text("a\t_\tb\na\tis_a\tb\n")
+    import_triples(tmp_path / "t.tsv", tmp_path / "ds", no_header=True)
+    kg = open_dataset(tmp_path / "ds")
+    assert dict(zip(kg.relations.column("name").to_pylist(), kg.relations.column("text").to_pylist())) == {
+        "_": "_", "is_a": "is a"}
