@@ -32,7 +32,7 @@ from seeder.cli import HelpFormatter
 from seeder.embed import EncoderUDF
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.derive import derive_defaults, derive_unset, needs_derivation
-from seeder.io import DataError, now, read_manifest, write_manifest
+from seeder.io import DataError, now, output_lock, read_manifest, write_manifest
 from seeder.storage import is_uri, join, output_directory
 from seeder.store import KnowledgeGraph, open_dataset
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         kg = open_dataset(dataset)
         target = args.out if is_uri(args.out) else str(Path(args.out).resolve())
         # A URI is published only when every stage finished: an error leaves it as it was.
-        with output_directory(target) as out:
+        with output_directory(target) as out, output_lock(out):
             run_stages(args, config, kg, dataset, out, target)
     except (ConfigError, DataError) as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)

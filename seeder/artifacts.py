@@ -118,4 +118,15 @@ def open_artifacts(path: str | Path) -> Artifacts:
         raise DataError(
             f"{path}: no artifacts manifest; run `python pipelines/preprocess.py --dataset DIR --out {path}` first"
         )
+    if manifest.get("kind") == "seeder-dataset":
+        raise DataError(
+            f"{path}: this is a dataset, not artifacts: run pipelines/preprocess.py --dataset {path} --out ARTIFACTS "
+            f"and pass ARTIFACTS instead"
+        )
+    missing = [key for key in ("dataset", "config") if key not in manifest]
+    if missing:
+        raise DataError(
+            f"{path}: its manifest.json has no {' or '.join(missing)}, so it is not an artifacts directory (kind "
+            f"{manifest.get('kind', 'unknown')!r}); give the --out of pipelines/preprocess.py"
+        )
     return Artifacts(path=path, manifest=manifest)

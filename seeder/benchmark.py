@@ -41,8 +41,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from seeder.config import ConfigError, SeederConfig, from_dict, parse_overrides, to_dict
-from seeder.io import DataError, atomic_directory
-from seeder.metrics import group_by, evaluate, per_query_metrics, subgraph_ceiling
+from seeder.io import DataError, atomic_directory, check_replaceable
+from seeder.metrics import evaluate, group_by, per_query_metrics, subgraph_ceiling
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
 from seeder.subgraphs import SubgraphSet
@@ -68,6 +68,7 @@ DISPLAY_NAMES = {
 DEFAULT_BUDGETS = (10, 20, 50, 100, 200, 500, 1000)
 """Retrieval budgets of the budget plot (nodes per query)."""
 REPORT_FILES = ("table1.md", "table1.csv", "report.json", "budget.png", "budget.csv")
+REPORT_MARKER = "report.json"  # a directory holding it is a previous report, which a new one may replace
 
 
 def _stderr(message: str) -> None:
@@ -570,9 +571,10 @@ def write_budget_csv(curves: dict[str, Any], path: str | Path) -> Path:
 
 
 def write_report(report: dict[str, Any], out: str | Path) -> Path:
-    """All report files into ``out`` (replaced as a whole, via a temporary directory)."""
+    """All report files into ``out`` (replaced as a whole, via a temporary directory). An existing ``out``
+    is replaced only when it is empty or a previous report (it has report.json)."""
     out = Path(out)
-    with atomic_directory(out, overwrite=True) as tmp:
+    with atomic_directory(out, overwrite=True, marker=REPORT_MARKER) as tmp:
         (tmp / "table1.md").write_text(format_report(report))
         write_csv(report, tmp / "table1.csv")
         if "budget" in report:
@@ -631,6 +633,8 @@ def run(args: argparse.Namespace, ray_ranker: Callable[..., dict[str, tuple[Retr
     from seeder.storage import basename
 
     methods = resolve_methods(args.methods, args.model)
+    out = Path(args.out or Path("runs") / "benchmark" / f"{basename(args.artifacts)}-{args.split}")
+    check_replaceable(out, overwrite=True, marker=REPORT_MARKER)  # before the work, not after it
     artifacts = open_artifacts(args.artifacts)
     config = artifacts.config
     if args.overrides:
@@ -644,7 +648,6 @@ def run(args: argparse.Namespace, ray_ranker: Callable[..., dict[str, tuple[Retr
         budgets = [int(b) for b in args.budgets.split(",") if b.strip()]
         _stderr(f"budget curves: Dense and K-hop on {args.budget_queries} sampled queries, budgets {budgets}")
         report["budget"] = budget_curves(artifacts, args.split, config, budgets, args.budget_queries, args.seed)
-    out = Path(args.out or Path("runs") / "benchmark" / f"{basename(args.artifacts)}-{args.split}")
     write_report(report, out)
     print((out / "table1.md").read_text())
     _stderr(f"wrote {', '.join(n for n in REPORT_FILES if (out / n).exists())} to {out}")
@@ -662,7 +665,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_method_argument(parser, ["all"])
     add_split_argument(parser)
     parser.add_argument("--model", help="trained SeedER checkpoint; with it, 'all' includes method seeder")
-    parser.add_argument("--out", help="report directory (default runs/benchmark/ARTIFACTS-SPLIT); replaced as a whole")
+    parser.add_argument("--out", help="report directory (default runs/benchmark/ARTIFACTS-SPLIT); a previous report there is "
+                        "replaced as a whole, any other non-empty directory is refused")
     parser.add_argument("--max-queries", type=int, help="seeded sample of at most this many queries, stratified by "
                         "the first attribute (default: every query of the split)")
     parser.add_argument("--latency-queries", type=int, default=30, help="queries timed one at a time per method")

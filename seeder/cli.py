@@ -64,6 +64,17 @@ class Parser(argparse.ArgumentParser):
         return super().add_argument(*args, **kwargs)
 
 
+def positive_int(text: str) -> int:
+    """argparse type of counts and sizes: an integer >= 1, refused while parsing (before any work)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def version() -> str:
     try:
         return importlib.metadata.version("seeder")

@@ -107,8 +107,16 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"seed.strategy={s.strategy!r}: use one of {', '.join(SEED_STRATEGIES)} or auto")
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
+    # hops=0 means "derive" (seeder.derive), and only together with an empty keep_per_hop: say so first,
+    # since a user who wrote hops=0 meant the hops, not the per-hop budget.
+    if x.hops < 0 or (x.hops == 0 and x.keep_per_hop):
+        raise ConfigError(
+            f"expand.hops must be >= 1, or 0 (auto) to derive it from the training split together with "
+            f"expand.keep_per_hop=[]; got expand.hops={x.hops}"
+            + (f" with expand.keep_per_hop={x.keep_per_hop}" if x.keep_per_hop else "")
+        )
     # An empty keep_per_hop is derived from the training split (seeder.derive), with hops or without.
-    if x.hops < 0 or (x.keep_per_hop and len(x.keep_per_hop) != x.hops):
+    if x.keep_per_hop and len(x.keep_per_hop) != x.hops:
         raise ConfigError(
             f"expand.keep_per_hop={x.keep_per_hop} needs one entry per hop (expand.hops={x.hops}); "
             f"for example expand.keep_per_hop=[60,140] with expand.hops=2 (or expand.hops=0 and "

@@ -304,6 +304,8 @@ def _retrieve_command(args) -> int:
     import json
     import sys
 
+    if args.question is not None and not args.question.strip():
+        raise DataError("the question is empty; give a question with words in it, or --file FILE")
     if bool(args.question) == bool(args.file):
         raise DataError("give one question, or --file FILE with one question per line")
     retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device)
@@ -326,6 +328,8 @@ def _retrieve_command(args) -> int:
 
 
 def register(subparsers) -> None:
+    from seeder.cli import positive_int
+
     parser = subparsers.add_parser(
         "retrieve", help="rank the nodes of new questions with a trained SeedER model (one question, or a file of them)",
     )
@@ -335,7 +339,7 @@ def register(subparsers) -> None:
     parser.add_argument("--file", help="questions, one per line (or a Parquet/CSV/JSONL file with a 'question' column)")
     parser.add_argument("--out", help="write results here: .jsonl (one JSON object per question) or .parquet")
     parser.add_argument("--json", action="store_true", help="print one JSON object per question instead of the trace")
-    parser.add_argument("-k", type=int, default=10, help="nodes per question (default 10)")
-    parser.add_argument("--batch-size", type=int, default=256, help="questions per batched pass (default 256)")
+    parser.add_argument("-k", type=positive_int, default=10, help="nodes per question (default 10)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched pass (default 256)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
     parser.set_defaults(func=_retrieve_command)

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 
 from seeder.config import ConfigError, SynthConfig, from_dict, load_config
 from seeder.importers import progress
+from seeder.io import writes_output
 from seeder.store import write_dataset
 
 
@@ -248,6 +249,7 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     return nodes, relations, edges, queries
 
 
+@writes_output
 def synthesize(cfg: SynthConfig, out: str | Path, overwrite: bool = False) -> dict[str, Any]:
     """Generate and write a synthetic dataset; returns timings and counts (also in the manifest)."""
     t0 = time.perf_counter()

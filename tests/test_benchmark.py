@@ -233,3 +233,23 @@ def test_block_ranker_round_trip_in_shuffled_order(artifacts_dir):
         np.testing.assert_array_equal(got[name][0].set_size, expected.set_size)
     with pytest.raises(Exception, match="missing or repeated"):
         bm.results_from_blocks(blocks[1:], ["dense"], ids)
+
+
+def test_report_directory_is_replaced_only_when_it_is_a_previous_report(tmp_path, capsys):
+    from seeder.cli import main
+
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    # Checked before the artifacts are opened or anything runs (the artifacts do not even exist here).
+    assert main(["benchmark", "--artifacts", str(tmp_path / "missing"), "--method", "dense", "--experiment", "none",
+                 "--out", str(thesis)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"seeder benchmark: error: {thesis}: not a directory this tool wrote (it has no manifest.json of "
+                   f"kind seeder-dataset or seeder-artifacts, nor report.json), so it is left untouched rather than "
+                   f"replaced; remove it yourself or choose another --out")
+    assert [p.name for p in thesis.iterdir()] == ["chapter1.tex"]
+    previous = tmp_path / "report"
+    previous.mkdir()
+    (previous / "report.json").write_text("{}")
+    assert bm.check_replaceable(previous, overwrite=True, marker=bm.REPORT_MARKER) is None

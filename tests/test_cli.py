@@ -97,3 +97,40 @@ def test_the_library_imports_neither_ray_nor_the_entry_points():
 def test_nothing_edits_sys_path():
     files = [p for d in ("seeder", "pipelines", "tune") for p in sorted((REPO / d).rglob("*.py"))]
     assert files and [str(p.relative_to(REPO)) for p in files if "sys.path" in p.read_text()] == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-k", "0"], "argument -k: must be >= 1, got 0"),
+    (["-k", "-5"], "argument -k: must be >= 1, got -5"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["-k", "ten"], "argument -k: 'ten' is not an integer"),
+])
+def test_retrieve_refuses_counts_below_one_while_parsing(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["retrieve", "a question", "--model", "no-such-model", *argv])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"seeder retrieve: error: {message}"
+
+
+@pytest.mark.parametrize("question", ["", "   "])
+def test_retrieve_refuses_an_empty_question_before_loading_anything(question, capsys):
+    # The model path does not exist: the question is checked first, so this is the only error.
+    assert main(["retrieve", question, "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "seeder retrieve: error: the question is empty; give a question with words in it, or --file FILE")
+
+
+def test_a_dataset_given_as_artifacts_says_what_to_run(tmp_path, capsys):
+    from tests.test_store import tables
+    from seeder.store import write_dataset
+
+    dataset = write_dataset(tmp_path / "kg", *tables())
+    assert main(["evaluate", "--artifacts", str(dataset), "--method", "dense"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"seeder evaluate: error: {dataset}: this is a dataset, not artifacts: run pipelines/preprocess.py "
+        f"--dataset {dataset} --out ARTIFACTS and pass ARTIFACTS instead")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"kind": "something"}')
+    assert main(["evaluate", "--artifacts", str(other), "--method", "dense"]) == 2
+    assert "its manifest.json has no dataset or config, so it is not an artifacts directory" in capsys.readouterr().err

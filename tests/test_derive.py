@@ -64,3 +64,32 @@ def test_the_command_line_overrides_a_derivation(tmp_path):
     assert not needs_derivation(config)
     resolved, lines = derive_defaults(kg, nf, qf, ids, config)
     assert resolved == config and lines == []
+
+
+def test_hops_below_one_is_explained_as_hops_not_as_keep_per_hop():
+    import pytest
+
+    from seeder.config import ConfigError, parse_overrides, load_config
+    from seeder.preprocess import check_config
+    from seeder.retrieve.khop import _check_config
+
+    def config(*overrides):
+        return load_config(None, ["embed.encoder=hash", *overrides])
+
+    with pytest.raises(ConfigError, match=r"^expand.hops must be >= 1, or 0 \(auto\) to derive it from the training "
+                                          r"split together with expand.keep_per_hop=\[\]; got expand.hops=0 with "
+                                          r"expand.keep_per_hop=\[60, 140\]$"):
+        check_config(config("expand.hops=0"))
+    with pytest.raises(ConfigError, match=r"^expand.hops must be >= 1, .*; got expand.hops=-1 with"):
+        check_config(config("expand.hops=-1"))
+    check_config(config("expand.hops=0", "expand.keep_per_hop=[]"))  # auto: still means "derive"
+    assert needs_derivation(config("expand.hops=0", "expand.keep_per_hop=[]"))
+    # Without a config file, hops=0 on the command line is derived together with keep_per_hop.
+    derived = derive_unset(config("expand.hops=0"), parse_overrides(["expand.hops=0"]))
+    assert derived.expand.hops == 0 and derived.expand.keep_per_hop == []
+    check_config(derived)
+    with pytest.raises(ConfigError, match=r"expand.keep_per_hop=\[60, 140\] needs one entry per hop \(expand.hops=3\)"):
+        check_config(config("expand.hops=3"))
+    with pytest.raises(ConfigError, match=r"^expand.hops must be >= 1 here, got 0; hops=0 \(auto\) is derived only by "
+                                          r"pipelines/preprocess.py"):
+        _check_config(config("expand.hops=0").expand)

@@ -127,3 +127,23 @@ def test_repo_default_yaml_matches_the_dataclass_defaults():
 
     path = Path(__file__).resolve().parents[1] / "configs" / "synth_default.yaml"
     assert load_synth_config(path, {}) == SynthConfig()
+
+
+def test_synth_overwrite_replaces_its_own_output_only_and_waits_for_no_one(tmp_path, capsys):
+    from tests.processes import lock_held_by_another_process
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("mine")
+    assert main(["synth", "--out", str(folder), "--nodes", "80", "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"seeder synth: error: {folder}: not a directory this tool wrote") and "\n" not in err
+    assert [p.name for p in folder.iterdir()] == ["keep.txt"] and (folder / "keep.txt").read_text() == "mine"
+    out = tmp_path / "ds"
+    assert main(["synth", "--out", str(out), "--nodes", "80", "--queries", "40", "--hubs", "1", "--hub-degree", "10"]) == 0
+    with lock_held_by_another_process(out) as other:
+        assert main(["synth", "--out", str(out), "--nodes", "90", "--overwrite"]) == 2
+        assert f"is being written by process {other.pid}" in capsys.readouterr().err
+    assert main(["synth", "--out", str(out), "--nodes", "90", "--queries", "40", "--hubs", "1", "--hub-degree", "10",
+                 "--overwrite"]) == 0
+    assert open_dataset(out).num_nodes == 90

@@ -55,13 +55,25 @@ def check_utf8(path: str | Path, chunk_size: int = 1 << 22) -> None:
             lines_before += block.count(b"\n")
 
 
-def read_lines(path: str | Path) -> pa.Array:
-    """The lines of a UTF-8 text file as an Arrow string array (no trailing empty line, no ``\\r``)."""
+def require_file(path: str | Path) -> Path:
+    """``path`` as a Path when it is a regular file; otherwise a DataError that says what it is instead."""
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a file")
+    if not path.exists():
         raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: is not a regular file (a device, socket or pipe), expected a file")
+    return path
+
+
+def read_lines(path: str | Path) -> pa.Array:
+    """The lines of a UTF-8 text file as an Arrow string array (no BOM, no trailing empty line, no ``\\r``)."""
+    path = require_file(path)
     check_utf8(path)
-    text = path.read_text(encoding="utf-8")
+    # utf-8-sig: editors on Windows start files with a BOM, which would otherwise become part of the
+    # first entity's name (a second node '\ufeffKismet' beside 'Kismet').
+    text = path.read_text(encoding="utf-8-sig")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

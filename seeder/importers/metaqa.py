@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seeder.io import DataError, fingerprint_file
+from seeder.io import DataError, fingerprint_file, writes_output
 from seeder.importers import first_examples, hash_split, lookup, progress, read_lines
 from seeder.store import default_inverse_text, write_dataset
 
@@ -145,7 +145,7 @@ def read_questions(path: Path, hop: int, names: pa.Array) -> tuple[pa.Table, dic
     text = pc.utf8_trim_whitespace(pc.replace_substring_regex(raw_question, r"[\[\]]", ""))
 
     qtype_path = path.with_name(path.stem + "_qtype.txt")
-    if qtype_path.is_file():
+    if qtype_path.exists():
         qtype = pc.utf8_trim_whitespace(read_lines(qtype_path))
         if len(qtype) != len(lines):
             raise DataError(
@@ -190,6 +190,7 @@ def read_questions(path: Path, hop: int, names: pa.Array) -> tuple[pa.Table, dic
     return table.filter(pa.array(keep)), stats
 
 
+@writes_output
 def import_metaqa(
     root: str | Path,
     out: str | Path,
@@ -204,7 +205,7 @@ def import_metaqa(
     """
     root = Path(root)
     kb_path = root / "kb.txt"
-    if not kb_path.is_file():
+    if not kb_path.exists():
         raise DataError(f"{kb_path}: not found; --root must be the MetaQA folder holding kb.txt and 1-hop/ ...")
     progress(f"metaqa: reading {kb_path}")
     heads, rels, tails = read_kb(kb_path)
@@ -218,13 +219,13 @@ def import_metaqa(
     for hop in HOPS:
         for part in ("dev", "test"):
             path = root / f"{hop}-hop" / f"qa_{part}.txt"
-            if not path.is_file():
+            if not path.exists():  # a directory in its place is an error (read_lines), not a missing file
                 continue
             table, stats = read_questions(path, hop, names)
             rel_path = path.relative_to(root).as_posix()
             inputs[rel_path] = fingerprint_file(path)
             if part == "dev":
-                has_test = (root / f"{hop}-hop" / "qa_test.txt").is_file()
+                has_test = (root / f"{hop}-hop" / "qa_test.txt").exists()
                 split = hash_split(table.column("raw"), val_fraction, 0.0 if has_test else test_fraction)
             else:
                 split = pa.array(np.full(table.num_rows, "test", dtype=object), type=pa.string())

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from seeder.io import DataError, fingerprint_file
+from seeder.io import DataError, fingerprint_file, writes_output
 from seeder.importers import check_utf8, first_examples, progress, read_lines
 from seeder.store import SPLITS, default_inverse_text, write_dataset
 
@@ -166,6 +166,8 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
     """
     qa = Path(qa)
     csv_path = qa / "stark_qa" / "stark_qa.csv"
+    if csv_path.is_dir():
+        raise DataError(f"{csv_path}: is a directory, expected a file")
     if not csv_path.is_file():
         raise DataError(f"{csv_path}: not found; --qa must be the folder holding stark_qa/ and split/")
     check_utf8(csv_path)
@@ -219,6 +221,8 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
         raise DataError(f"{csv_path}: duplicate query ids {first_examples(dup)}; ids must be unique")
     for name in SPLITS:
         index_path = qa / "split" / f"{name}.index"
+        if index_path.is_dir():
+            raise DataError(f"{index_path}: is a directory, expected a file")
         if not index_path.is_file():
             raise DataError(f"{index_path}: not found; STaRK ships split/train.index, val.index and test.index")
         raw = pc.utf8_trim_whitespace(read_lines(index_path))
@@ -249,6 +253,7 @@ def read_queries(qa: str | Path, num_nodes: int | None = None) -> pa.Table:
     )
 
 
+@writes_output
 def import_stark(kb: str | Path, qa: str | Path, out: str | Path, overwrite: bool = False) -> dict[str, Any]:
     """Import a STaRK knowledge base and its queries into dataset directory ``out``."""
     progress(f"stark: reading knowledge base {kb}")

@@ -9,7 +9,10 @@
   (train/val/test; otherwise a stable hash of the text decides) and optional ``id``. Any other column is
   kept as a query attribute.
 
-Answers that are not nodes of the graph are errors naming the file and line.
+Ids (heads, relations, tails, node-file keys, answers) are strings exactly as written in a TSV or CSV,
+never type-guessed: ``007`` and ``7`` are two nodes, and a date- or number-looking id stays text.
+Duplicate triples are dropped and counted (``duplicate_triples`` in the manifest's source). Answers that
+are not nodes of the graph are errors naming the file and line.
 """
 
 from __future__ import annotations
@@ -23,35 +26,81 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from seeder.io import DataError, fingerprint_file
-from seeder.importers import check_utf8, first_examples, hash_split, lookup, progress
+from seeder.io import DataError, fingerprint_file, writes_output
+from seeder.importers import check_utf8, first_examples, hash_split, lookup, progress, require_file
 from seeder.store import SPLITS, default_inverse_text, write_dataset
 
 
-def read_table(path: str | Path, header: bool = True) -> pa.Table:
-    """A TSV, CSV or Parquet file as an all-string Arrow table (line numbers: row + 2 with a header)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
+def _no_rows(path: Path, what: str) -> DataError:
+    return DataError(f"{path}: {what}; a file needs at least one row of data")
+
+
+def read_table(path: str | Path, header: bool = True, string_columns: tuple[str, ...] | None = None) -> pa.Table:
+    """A TSV, CSV or Parquet file as an Arrow table (line numbers: row + 2 with a header).
+
+    Text files: the columns in ``string_columns`` (all of them when None) are read as strings exactly as
+    written, never type-guessed: ids ``007`` and ``7``, ``01`` and ``1`` stay distinct, and a date, float
+    or boolean looking id stays text. A BOM is dropped, and rows with the wrong number of columns are an
+    error naming the file and the row.
+    """
+    path = require_file(path)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".pq"):
         try:
             table = pq.read_table(path)
         except pa.ArrowInvalid as exc:
             raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+        if table.num_rows == 0:
+            raise _no_rows(path, "a Parquet file with no rows")
         return table
     check_utf8(path)
-    delimiter = "," if suffix == ".csv" else "\t"
-    try:
-        return pacsv.read_csv(
-            path,
-            read_options=pacsv.ReadOptions(autogenerate_column_names=not header),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if delimiter == "," else False),
-            convert_options=pacsv.ConvertOptions(strings_can_be_null=False, auto_dict_encode=False,
-                                                 column_types=None, include_missing_columns=False),
+    kind = "CSV" if suffix == ".csv" else "TSV"
+    delimiter = "," if kind == "CSV" else "\t"
+    bad_rows: list = []
+
+    def invalid_row(row) -> str:
+        bad_rows.append(row)  # called for malformed rows only, not per row
+        return "skip"
+
+    def options(use_threads: bool = True):
+        return (
+            pacsv.ReadOptions(autogenerate_column_names=not header, use_threads=use_threads),
+            pacsv.ParseOptions(delimiter=delimiter, quote_char='"' if kind == "CSV" else False,
+                               invalid_row_handler=invalid_row),
         )
+
+    try:
+        # Column names first (one block), to ask for their types: pyarrow has no "every column is a string".
+        reader = pacsv.open_csv(path, *options())
+        names = reader.schema.names
+        reader.close()
+        wanted = names if string_columns is None else [n for n in names if n in string_columns]
+        convert = pacsv.ConvertOptions(column_types={n: pa.string() for n in wanted}, strings_can_be_null=False,
+                                       auto_dict_encode=False, include_missing_columns=False)
+        bad_rows.clear()
+        table = pacsv.read_csv(path, *options(), convert_options=convert)
+        if bad_rows:
+            # Row numbers are known only to a single-threaded read: redo it on this error path alone.
+            count = len(bad_rows)
+            bad_rows.clear()
+            pacsv.read_csv(path, *options(use_threads=False), convert_options=convert)
     except pa.ArrowInvalid as exc:
-        raise DataError(f"{path}: cannot parse as {'CSV' if delimiter == ',' else 'TSV'} ({exc})") from None
+        if "Empty CSV file" in str(exc):
+            expected = "a header line and at least one row" if header else "at least one row"
+            raise DataError(f"{path}: the file is empty; expected {expected}") from None
+        raise DataError(f"{path}: cannot parse as {kind} ({exc})") from None
+    if bad_rows:
+        first = bad_rows[0]
+        where = f"line {first.number}" if first.number is not None else "a line"
+        raise DataError(
+            f"{path}: {count} rows do not have {first.expected_columns} columns"
+            f"{' like the header' if header else ' like the first row'}, first {where} ({first.actual_columns} "
+            f"columns: {first.text[:200]!r}); every row needs one value per column, "
+            f"{'comma' if kind == 'CSV' else 'tab'}-separated"
+        )
+    if table.num_rows == 0:
+        raise _no_rows(path, "header only (a header line and no rows)")
+    return table
 
 
 def _as_strings(table: pa.Table, column: str, path: Path) -> pa.Array:
@@ -65,6 +114,7 @@ def _empty_rows(values: pa.Array) -> np.ndarray:
     return np.flatnonzero(pc.or_(pc.is_null(values), pc.equal(pc.utf8_length(values), 0)).to_numpy(zero_copy_only=False))
 
 
+@writes_output
 def import_triples(
     triples: str | Path,
     out: str | Path,
@@ -83,6 +133,10 @@ def import_triples(
     progress(f"triples: reading {triples}")
     table = read_table(triples, header=not no_header)
     cols = [head_col, relation_col, tail_col]
+    if no_header and table.num_columns != 3:
+        raise DataError(
+            f"{triples}: {table.num_columns} columns, expected 3 (head, relation, tail) in a file without a header"
+        )
     if not set(cols) <= set(table.column_names):
         if table.num_columns != 3:
             raise DataError(
@@ -106,7 +160,7 @@ def import_triples(
     names, texts = keys, keys
     if nodes_path is not None:
         nodes_path = Path(nodes_path)
-        node_table = read_table(nodes_path)
+        node_table = read_table(nodes_path)  # every column a string: ids, names, types and texts
         key_col = "id" if "id" in node_table.column_names else "name" if "name" in node_table.column_names else None
         if key_col is None or "text" not in node_table.column_names:
             raise DataError(
@@ -152,6 +206,8 @@ def import_triples(
     rel_names = pc.unique(rels)
     rel_names = rel_names.take(pc.array_sort_indices(rel_names))
     rel_text = pc.utf8_trim_whitespace(pc.replace_substring(rel_names, "_", " "))
+    # A relation named only of underscores ("_") would get an empty text: it reads as its name instead.
+    rel_text = pc.if_else(pc.equal(pc.utf8_length(rel_text), 0), rel_names, rel_text)
     nodes = pa.table({"id": pa.array(np.arange(len(keys), dtype=np.int64)), "type": types, "name": names, "text": texts})
     relations = pa.table(
         {
@@ -161,10 +217,16 @@ def import_triples(
             "inverse_text": pa.array([default_inverse_text(t) for t in rel_text.to_pylist()], pa.string()),
         }
     )
-    edges = pa.table(
-        {"src": lookup(heads, keys), "dst": lookup(tails, keys), "relation": lookup(rels, rel_names).astype(np.int32)}
+    src, dst, rel = lookup(heads, keys), lookup(tails, keys), lookup(rels, rel_names).astype(np.int32)
+    # A triple listed twice is one fact (as in the MetaQA importer): keep its first row, count the rest.
+    _, first = np.unique(np.stack([src, rel.astype(np.int64), dst], axis=1), axis=0, return_index=True)
+    first.sort()
+    duplicates = len(src) - first.size
+    edges = pa.table({"src": src[first], "dst": dst[first], "relation": rel[first]})
+    progress(
+        f"triples: {nodes.num_rows:,} nodes, {edges.num_rows:,} edges, {relations.num_rows} relations; "
+        f"{duplicates:,} duplicate triples dropped"
     )
-    progress(f"triples: {nodes.num_rows:,} nodes, {edges.num_rows:,} edges, {relations.num_rows} relations")
 
     if queries_path is not None:
         queries_path = Path(queries_path)
@@ -175,7 +237,7 @@ def import_triples(
             {"id": pa.array([], pa.int64()), "text": pa.array([], pa.string()),
              "answers": pa.array([], pa.list_(pa.int64())), "split": pa.array([], pa.string())}
         )
-    source = {"format": "triples", "triples": str(triples), "inputs": inputs}
+    source = {"format": "triples", "triples": str(triples), "inputs": inputs, "duplicate_triples": int(duplicates)}
     write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
     progress(f"triples: wrote {out}: {queries.num_rows:,} queries")
     return source
@@ -183,7 +245,8 @@ def import_triples(
 
 def read_queries(path: Path, keys: pa.Array, val_fraction: float, test_fraction: float) -> pa.Table:
     """Queries with answers resolved to node ids; unknown answers are errors naming the line."""
-    table = read_table(path)
+    # Answers are node ids: strings, like the triples' ids. Other columns keep their types (attributes).
+    table = read_table(path, string_columns=("text", "answers", "split"))
     for col in ("text", "answers"):
         if col not in table.column_names:
             raise DataError(

@@ -190,7 +190,13 @@ class _Clock:
 
 
 def _check_config(cfg: ExpandConfig) -> None:
-    if cfg.hops < 0 or len(cfg.keep_per_hop) != cfg.hops:
+    if cfg.hops < 0 or (cfg.hops == 0 and cfg.keep_per_hop):
+        # 0 (auto) is resolved by pipelines/preprocess.py, whose artifacts hold the derived value.
+        raise ConfigError(
+            f"expand.hops must be >= 1 here, got {cfg.hops}; hops=0 (auto) is derived only by pipelines/preprocess.py, "
+            f"so leave expand.hops out to use the artifacts' value"
+        )
+    if len(cfg.keep_per_hop) != cfg.hops:
         raise ConfigError(
             f"expand.keep_per_hop has {len(cfg.keep_per_hop)} entries but expand.hops={cfg.hops}; give one per hop"
         )

@@ -204,3 +204,75 @@ def test_killed_writer_leaves_only_a_partial_directory(tmp_path):
     assert not out.exists()
     with pytest.raises(DataError, match="no such dataset directory"):
         open_dataset(out)
+
+
+def test_import_overwrite_refuses_a_foreign_folder_and_a_busy_out(tmp_path, capsys):
+    from seeder.cli import main
+    from tests.processes import lock_held_by_another_process
+
+    folder = tmp_path / "project"
+    (folder / "src").mkdir(parents=True)
+    (folder / "src" / "main.c").write_text("int main() {}")
+    command = ["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(folder), "--overwrite"]
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"seeder import: error: {folder}: not a directory this tool wrote (it has no manifest.json of kind "
+                   f"seeder-dataset or seeder-artifacts), so it is left untouched rather than replaced; remove it "
+                   f"yourself or choose another --out")
+    assert (folder / "src" / "main.c").read_text() == "int main() {}" and len(list(folder.rglob("*"))) == 2
+
+    out = tmp_path / "ds"
+    with lock_held_by_another_process(out) as first:
+        assert main(["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"seeder import: error: {out} is being written by process {first.pid}") and "\n" not in err
+        assert not out.exists()
+    assert main(["import", "triples", "--triples", str(tsv(tmp_path)), "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize("option", ["triples", "nodes", "queries"])
+def test_header_only_files_say_so(tmp_path, option):
+    header = {"triples": "head\trelation\ttail\n", "nodes": "id,text\n", "queries": "text\tanswers\n"}[option]
+    path = tsv(tmp_path, header, {"triples": "h.tsv", "nodes": "n.csv", "queries": "q.tsv"}[option])
+    kwargs = {} if option == "triples" else {f"{option}_path": path}
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: header only \(a header line and no rows\); "
+                                        r"a file needs at least one row of data$"):
+        import_triples(path if option == "triples" else tsv(tmp_path), tmp_path / "ds", **kwargs)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_empty_files_say_so(tmp_path):
+    path = tsv(tmp_path, "")
+    with pytest.raises(DataError, match=r"t.tsv: the file is empty; expected a header line and at least one row"):
+        import_triples(path, tmp_path / "ds")
+    with pytest.raises(DataError, match=r"t.tsv: the file is empty; expected at least one row$"):
+        import_triples(path, tmp_path / "ds", no_header=True)
+
+
+def test_rows_with_the_wrong_number_of_columns_name_file_line_and_row(tmp_path):
+    path = tsv(tmp_path, "head\trelation\ttail\na\tr\tb\nb\tr\nc\tr\td\textra\n")
+    with pytest.raises(DataError, match=r"t.tsv: 2 rows do not have 3 columns like the header, first line 3 "
+                                        r"\(2 columns: 'b\\tr'\); every row needs one value per column, tab-separated"):
+        import_triples(path, tmp_path / "ds")
+    csv = tsv(tmp_path, 'id,text\na,"A, quoted"\nb\n', "n.csv")
+    with pytest.raises(DataError, match=r"n.csv: 1 rows do not have 2 columns like the header, first line 3 "
+                                        r"\(1 columns: 'b'\); .* comma-separated"):
+        import_triples(tsv(tmp_path), tmp_path / "ds", nodes_path=csv)
+    headerless = tsv(tmp_path, "a\tr\n", "h.tsv")
+    with pytest.raises(DataError, match=r"h.tsv: 2 columns, expected 3 \(head, relation, tail\) in a file without a header"):
+        import_triples(headerless, tmp_path / "ds", no_header=True)
+
+
+def test_a_directory_given_as_a_file_says_so(tmp_path, capsys):
+    from seeder.cli import main
+
+    (tmp_path / "dir.tsv").mkdir()
+    assert main(["import", "triples", "--triples", str(tmp_path / "dir.tsv"), "--out", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # progress lines, then the one-line error
+    assert err[-1] == f"seeder import: error: {tmp_path / 'dir.tsv'}: is a directory, expected a file"
+    assert not any("Traceback" in line for line in err)
+    for option in ("nodes_path", "queries_path"):
+        with pytest.raises(DataError, match=r"dir.tsv: is a directory, expected a file$"):
+            import_triples(tsv(tmp_path), tmp_path / "ds", **{option: tmp_path / "dir.tsv"})
+    with pytest.raises(DataError, match=r"missing.tsv: file not found$"):
+        import_triples(tmp_path / "missing.tsv", tmp_path / "ds")

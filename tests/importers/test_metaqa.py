@@ -128,3 +128,28 @@ def test_split_is_deterministic_and_follows_the_fraction_flag(tmp_path):
     import_metaqa(root, tmp_path / "b", val_fraction=0.5)
     import_metaqa(root, tmp_path / "c", val_fraction=0.5)
     assert (tmp_path / "b" / "queries.parquet").read_bytes() == (tmp_path / "c" / "queries.parquet").read_bytes()
+
+
+def test_a_bom_at_the_start_of_kb_and_question_files_is_not_part_of_a_name(tmp_path):
+    root = tmp_path / "mq"
+    (root / "1-hop").mkdir(parents=True)
+    (root / "kb.txt").write_bytes("\ufeffKismet|directed_by|William Dieterle\nKismet|written_by|Edward Knoblock\n"
+                                  "Kismet|directed_by|William Dieterle\n".encode())
+    (root / "1-hop" / "qa_dev.txt").write_bytes("\ufeffwho directed [Kismet]\tWilliam Dieterle\n".encode())
+    assert main(["import", "metaqa", "--root", str(root), "--out", str(tmp_path / "ds")]) == 0
+    kg = open_dataset(tmp_path / "ds")
+    names = kg.nodes.column("name").to_pylist()
+    assert sorted(names) == ["Edward Knoblock", "Kismet", "William Dieterle"]  # one Kismet, no '\ufeffKismet'
+    assert kg.num_edges == 2 and kg.manifest["source"]["duplicate_triples"] == 1
+    (query,) = kg.queries.to_pylist()
+    assert query["text"] == "who directed Kismet" and query["topic"] == "Kismet"
+    assert [names[a] for a in query["answers"]] == ["William Dieterle"]
+
+
+def test_kb_txt_that_is_a_directory_is_named_as_one(tmp_path, capsys):
+    root = tmp_path / "mq"
+    (root / "kb.txt").mkdir(parents=True)
+    assert main(["import", "metaqa", "--root", str(root), "--out", str(tmp_path / "ds")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # progress lines, then the one-line error
+    assert err[-1] == f"seeder import: error: {root / 'kb.txt'}: is a directory, expected a file"
+    assert not any("Traceback" in line for line in err)

@@ -133,6 +133,22 @@ def test_missing_dataset_and_bad_config_fail_fast_with_a_clear_message(tmp_path,
     assert not (tmp_path / "out" / "embed").exists()
 
 
+def test_a_second_run_into_the_same_out_fails_at_once_naming_the_first_ones_pid(tmp_path, tiny_dataset, capsys):
+    from pipelines import preprocess
+    from tests.processes import lock_held_by_another_process
+
+    out = tmp_path / "art"
+    with lock_held_by_another_process(out) as first:
+        start = time.monotonic()
+        code = preprocess.main(["--dataset", str(tiny_dataset), "--out", str(out), "--ray-address", "local",
+                                *FLAGS, *OVERRIDES])
+        assert code == 2 and time.monotonic() - start < 30  # before Ray or any stage
+    err = capsys.readouterr().err.strip()
+    assert err == (f"preprocess: error: {out} is being written by process {first.pid} (it holds {tmp_path}/.art.lock); "
+                   f"wait for it to finish or choose another --out")
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_killed_runs_resume_to_the_same_artifacts(reference, tiny_dataset, tmp_path):
     out = tmp_path / "killed"

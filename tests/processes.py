@@ -1,0 +1,36 @@
+"""A second process that holds an output directory's lock, for tests of concurrent writers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+
+_HOLD = """
+import sys, time
+from seeder.io import output_lock
+with output_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(out: str | os.PathLike) -> Iterator[subprocess.Popen]:
+    """Yield a live process that holds ``output_lock(out)``; it is killed with SIGKILL on exit, as a
+    crashed writer would be, so whatever follows also shows that the kernel released the lock."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "locked", "the lock holder did not start"
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
