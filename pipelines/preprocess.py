@@ -168,9 +168,14 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
                target: str) -> None:
     """Every stage into the local directory ``out``; ``dataset`` and ``target`` are the locations
     recorded in the manifest and summary (URIs stay URIs)."""
+    previous = read_manifest(out) if out.is_dir() else None
+    if out.is_dir() and next(out.iterdir(), None) is not None and (previous or {}).get("kind") != "seeder-artifacts":
+        # Resuming writes into an existing --out: only artifacts of this tool (or an empty folder) qualify.
+        raise DataError(f"{target}: exists and is not an artifacts directory of seeder (its manifest kind is "
+                        f"{(previous or {}).get('kind')!r}); choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     fps = pp.stage_fingerprints(config, kg.fingerprint)
-    previous = read_manifest(out) or {}
+    previous = previous or {}
     manifest = {
         "kind": "seeder-artifacts",
         "dataset": dataset,

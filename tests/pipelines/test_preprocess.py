@@ -375,3 +375,14 @@ def test_dataset_and_artifacts_may_be_uris(reference, tiny_dataset, tmp_path):
     assert json.loads((published / "manifest.json").read_text())["dataset"] == dataset_uri
     assert json.loads((published / "summary.json").read_text())["artifacts"] == out_uri
     _assert_same_artifacts(reference, published)
+
+
+def test_preprocess_refuses_an_out_that_is_not_artifacts(tmp_path, capsys):
+    """A mistyped --out (here: the dataset itself) is refused before anything is written into it."""
+    from pipelines.preprocess import main
+
+    dataset = write_tiny_dataset(tmp_path / "ds", 12, seed=0, two_hop_answers=False, id_stride=3)
+    before = {p: p.read_bytes() for p in dataset.rglob("*") if p.is_file()}
+    assert main(["--dataset", str(dataset), "--out", str(dataset), *OVERRIDES]) == 2
+    assert "not an artifacts directory" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
