@@ -63,7 +63,8 @@ def artifacts_record(artifacts) -> dict[str, Any]:
     a model can be loaded with nothing else and a mismatched graph is noticed."""
     if artifacts is None:
         return {}
-    return {"path": str(artifacts.path), "fingerprints": dict(artifacts.manifest.get("fingerprints", {}))}
+    # Absolute, so that the model loads from any working directory (an MLflow server's, a Ray worker's).
+    return {"path": str(Path(artifacts.path).resolve()), "fingerprints": dict(artifacts.manifest.get("fingerprints", {}))}
 
 
 def _write_atomic(path: Path, write) -> None:

@@ -247,3 +247,12 @@ def test_selection_score_is_recall_at_20_with_ties_broken_by_mrr():
     saturated_early, saturated_late = {"recall_at_20": 0.99, "mrr": 0.6}, {"recall_at_20": 0.99, "mrr": 0.8}
     assert selection_score(saturated_late) > selection_score(saturated_early)
     assert selection_score({"recall_at_20": 0.80, "mrr": 0.1}) > selection_score({"recall_at_20": 0.79, "mrr": 1.0})
+
+
+def test_a_model_records_its_artifacts_by_absolute_path(tmp_path, monkeypatch):
+    """A model is loaded from other working directories (an MLflow server's, a Ray worker's)."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(tmp_path)
+    record = checkpoint.artifacts_record(SimpleNamespace(path=Path("art"), manifest={"fingerprints": {"features": "f"}}))
+    assert record == {"path": str(tmp_path / "art"), "fingerprints": {"features": "f"}}
