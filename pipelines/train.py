@@ -248,7 +248,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             os._exit(3)
 
     average = (lambda values: _mean_over_ranks(values, device)) if world > 1 else None
-    lib.fit(state, train_data, val_data, report, rank=rank, world=world, average=average)
+    progress = lib.epoch_progress(state) if rank == 0 else None  # one line per ~30 s with the epoch's ETA
+    lib.fit(state, train_data, val_data, report, rank=rank, world=world, average=average, progress=progress)
 
 
 # -- the driver ---------------------------------------------------------------------------------------

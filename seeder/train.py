@@ -317,6 +317,27 @@ def fit(
     return state
 
 
+def epoch_progress(state: TrainState, every_seconds: float = 30.0, log: Callable[[str], None] | None = None):
+    """A ``progress`` callback for ``fit``: a line with the running loss and reward and the epoch's ETA,
+    at most every ``every_seconds`` (and never for epochs shorter than that), on stderr."""
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    clock = {"start": time.perf_counter(), "last": time.perf_counter(), "epoch": -1}
+
+    def report(done: int, total: int, means: dict[str, float]) -> None:
+        now = time.perf_counter()
+        if clock["epoch"] != state.epoch:  # a new epoch started
+            clock.update(start=now - 1e-9, last=now, epoch=state.epoch)
+        if now - clock["last"] < every_seconds or done == total:
+            return
+        clock["last"] = now
+        eta = (now - clock["start"]) / done * (total - done)
+        log(f"epoch {state.epoch + 1}/{state.config.train.epochs}: batch {done}/{total} ({100 * done / total:.0f}%)  "
+            f"loss {means.get('loss', float('nan')):.4f}  reward {means.get('reward', float('nan')):.3f}  "
+            f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+
+    return report
+
+
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
     """One line per epoch: losses, reward, validation metrics, time and throughput."""
     line = (f"epoch {row['epoch']}/{epochs}  loss {row['loss']:.4f} (rl {row['loss_reinforce']:.4f}, "
@@ -407,7 +428,7 @@ def train_run(
         if on_epoch is not None:
             on_epoch(state, metrics, improved)
 
-    fit(state, train_data, val_data, after_epoch)
+    fit(state, train_data, val_data, after_epoch, progress=epoch_progress(state, log=log))
     return state
 
 

@@ -256,3 +256,15 @@ def test_a_model_records_its_artifacts_by_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     record = checkpoint.artifacts_record(SimpleNamespace(path=Path("art"), manifest={"fingerprints": {"features": "f"}}))
     assert record == {"path": str(tmp_path / "art"), "fingerprints": {"features": "f"}}
+
+
+def test_long_epochs_report_progress_with_an_eta():
+    data = toy_task(32, 30, 8, seed=7)
+    config = load_config(None, [*TOY, "train.epochs=1", "train.batch_size=4"])
+    state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
+    from seeder.train import epoch_progress
+
+    lines = []
+    fit(state, data, None, progress=epoch_progress(state, every_seconds=0.0, log=lines.append))
+    assert len(lines) == 7  # 8 batches, the last one is followed by the epoch line instead
+    assert lines[0].startswith("epoch 1/1: batch 1/8 (12%)") and "ETA" in lines[-1]
