@@ -19,6 +19,24 @@ ADDRESS_HELP = (
     "machine is never joined unasked"
 )
 NUM_CPUS_HELP = "CPUs of an embedded local Ray (default: all of this machine's)"
+# Ray's own loggers that flood the terminal without saying anything a user can act on. The placement
+# group cleaner polls the State API, which needs the dashboard the embedded Ray runs without, and warns
+# every few seconds that it cannot; Ray Train logs every report's full metrics at INFO.
+QUIET_LOGGERS = {
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner": "ERROR",
+    "ray.train.v2._internal.execution.context": "WARNING",
+}
+
+
+def quiet_ray_loggers() -> None:
+    """``worker_process_setup_hook``: runs in every Ray worker process before it does any work."""
+    import logging
+
+    for name, level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
+RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers"}
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,13 +52,13 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV)
         return ray
     # Ray gives its raylet a fixed time to register; on an overloaded machine that can fail once.
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=True)
+                     log_to_driver=True, runtime_env=RUNTIME_ENV)
             return ray
         except Exception as exc:  # Ray raises a bare Exception for a startup timeout
             ray.shutdown()

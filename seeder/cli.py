@@ -6,6 +6,7 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import os
 import re
 import sys
 
@@ -122,9 +123,10 @@ SERVE_MODULE = "pipelines.serve"  # Ray Serve lives with the other Ray entry poi
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import subprocess
-
-    return subprocess.call([sys.executable, "-m", SERVE_MODULE, *args.serve_args])
+    # Replace this process, so that Ctrl-C or a SIGINT reaches the server itself, which then shuts its
+    # Ray down (a child killed by its parent would leave the embedded Ray running).
+    os.execv(sys.executable, [sys.executable, "-m", SERVE_MODULE, *args.serve_args])
+    return 0  # not reached
 
 
 def build_parser() -> argparse.ArgumentParser:
