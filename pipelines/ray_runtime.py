@@ -19,12 +19,12 @@ ADDRESS_HELP = (
     "machine is never joined unasked"
 )
 NUM_CPUS_HELP = "CPUs of an embedded local Ray (default: all of this machine's)"
-# Ray's own loggers that flood the terminal without saying anything a user can act on. The placement
+# Ray's own loggers that flood the terminal without saying anything a user can act on: the placement
 # group cleaner polls the State API, which needs the dashboard the embedded Ray runs without, and warns
-# every few seconds that it cannot; Ray Train logs every report's full metrics at INFO.
+# every few seconds that it cannot. (Ray Train's per-report INFO lines are not reachable this way: Ray
+# Train configures its workers' logging after this hook runs.)
 QUIET_LOGGERS = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": "ERROR",
-    "ray.train.v2._internal.execution.context": "WARNING",
 }
 
 
