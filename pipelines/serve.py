@@ -79,14 +79,14 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
 
         @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000)
         async def rank(self, requests: list[tuple[list[str], int]]) -> list[list[dict[str, Any]]]:
-            # One batched pass over the questions of every request that arrived together.
+            # One batched pass over the questions of every request that arrived together, each with its k
+            # (so a request's triples are those among its own top k).
             flat = [q for questions, _ in requests for q in questions]
-            hits = self.retriever.retrieve(flat, k=max(k for _, k in requests))
+            hits = self.retriever.retrieve(flat, k=[k for questions, k in requests for _ in questions])
             out, start = [], 0
-            for questions, k in requests:
-                part = hits[start : start + len(questions)]
+            for questions, _ in requests:
+                out.append([h.to_dict() for h in hits[start : start + len(questions)]])
                 start += len(questions)
-                out.append([dict(h.to_dict(), nodes=h.to_dict()["nodes"][:k]) for h in part])
             return out
 
         async def __call__(self, request: Request):

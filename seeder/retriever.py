@@ -107,7 +107,7 @@ class Retriever:
     def encoder(self):
         from seeder.embed import load_encoder
 
-        return load_encoder(self.config.embed, device=self.device if self.device != "cpu" else "cpu")
+        return load_encoder(self.config.embed, device=self.device)
 
     @cached_property
     def pca(self):
@@ -182,14 +182,19 @@ class Retriever:
         result, _, _ = self.rank(subgraphs, np.asarray(self.artifacts.query_features[rows], np.float32))
         return result, subgraphs
 
-    def retrieve(self, questions: list[str] | str, k: int = 20, topics: list[int | None] | None = None) -> list[Hits]:
-        """The top ``k`` nodes of each question and the triples among them."""
+    def retrieve(self, questions: list[str] | str, k: int | list[int] = 20,
+                 topics: list[int | None] | None = None) -> list[Hits]:
+        """The top ``k`` nodes of each question and the triples among them; ``k`` may be one value per
+        question (a service ranks the questions of several requests in one pass)."""
         if isinstance(questions, str):
             questions = [questions]
         questions = list(questions)
+        ks = [k] * len(questions) if isinstance(k, int) else list(k)
+        if len(ks) != len(questions):
+            raise DataError(f"{len(ks)} values of k for {len(questions)} questions")
         subgraphs, query_features = self.subgraphs(questions, topics)
         result, steps, scores = self.rank(subgraphs, query_features)
-        return self._hits(questions, subgraphs, result, steps, scores, k)
+        return self._hits(questions, subgraphs, result, steps, scores, ks)
 
     def retrieve_frame(self, questions: list[str], k: int = 20):
         """One row per (question, rank): question, rank, node, name, score, step (pandas)."""
@@ -199,11 +204,11 @@ class Retriever:
                 for h in self.retrieve(questions, k=k) for n in h.nodes]
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
-    def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, k: int) -> list[Hits]:
+    def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int]) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
         out = []
-        for i, question in enumerate(questions):
+        for i, (question, k) in enumerate(zip(questions, ks)):
             row = result.ranking[i]
             keep = np.flatnonzero(row >= 0)[:k]
             ids = row[keep]

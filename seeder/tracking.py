@@ -118,9 +118,6 @@ def download_model(model: str) -> Path:
         raise DataError(f"model {model}: the MLflow store {uri} cannot be reached ({exc}); check MLFLOW_TRACKING_URI") from exc
 
 
-resolve_model = download_model
-
-
 def _ui(args: argparse.Namespace) -> int:
     uri = tracking_uri()
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]

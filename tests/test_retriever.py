@@ -62,6 +62,10 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     edges = set(zip(np.asarray(kg.table("edges").column("src")), np.asarray(kg.table("edges").column("dst"))))
     by_name = {n.name: n.id for n in hit.nodes}
     assert all((by_name[h], by_name[t]) in edges for h, _, t in hit.triples)
+    # One value of k per question (as the service batches requests): each gets the triples among its own top k.
+    few, many = retriever.retrieve([question, question], k=[3, 10])
+    assert len(few.nodes) == 3 and [n.id for n in many.nodes] == [n.id for n in hit.nodes]
+    assert {x for h, _, t in few.triples for x in (h, t)} <= {n.name for n in few.nodes}
     prompt = hit.to_prompt()
     assert prompt.startswith(f"Question: {question}") and hit.nodes[0].name in prompt
     assert all(f"{h} | {r} | {t}" in prompt for h, r, t in hit.triples)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.serve import BadRequest, parse_request
-from tests.conftest import ENV
+from tests.conftest import ENV, free_port
 
 
 def post(url: str, body: bytes, timeout: float = 120) -> tuple[int, dict]:
@@ -27,11 +26,6 @@ def post(url: str, body: bytes, timeout: float = 120) -> tuple[int, dict]:
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from seeder.sweep import METRIC
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "tune" / "sweep.py"
@@ -72,11 +72,6 @@ def artifacts(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
