@@ -249,6 +249,28 @@ def test_selection_score_is_recall_at_20_with_ties_broken_by_mrr():
     assert selection_score({"recall_at_20": 0.80, "mrr": 0.1}) > selection_score({"recall_at_20": 0.79, "mrr": 1.0})
 
 
+def test_the_kept_epoch_has_the_best_mrr_among_epochs_whose_recall_is_within_noise_of_the_best():
+    from seeder.train import keeps
+
+    def epoch(recall, mrr):
+        return {"val_recall_at_20": recall, "val_mrr": mrr}
+
+    # The demo's first run (582 validation questions): Recall@20 saturates at 0.993-0.997 while MRR still
+    # climbs. The standard error at 0.9966 is 0.0024, so 0.9948 is the same recall, and 0.9931 is not.
+    rows = [epoch(0.9954, 0.762), epoch(0.9966, 0.945), epoch(0.9931, 0.954), epoch(0.9948, 0.965)]
+    kept = 0
+    for i, row in enumerate(rows):
+        if keeps(rows[:i], kept, row, 582):
+            kept = i + 1
+    assert kept == 4
+    # A real gain in recall wins over any MRR, and the first epoch is always kept.
+    assert keeps([epoch(0.90, 0.9)], 1, epoch(0.95, 0.1), 582)
+    assert not keeps([epoch(0.95, 0.1)], 1, epoch(0.90, 0.9), 582)
+    assert keeps([], 0, epoch(0.0, 0.0), 582)
+    # With few validation questions the tolerance is wider: the same drop is noise.
+    assert keeps([epoch(0.95, 0.1)], 1, epoch(0.90, 0.9), 20)
+
+
 def test_a_model_records_its_artifacts_by_absolute_path(tmp_path, monkeypatch):
     """A model is loaded from other working directories (an MLflow server's, a Ray worker's)."""
     from types import SimpleNamespace
