@@ -33,6 +33,7 @@ from seeder.embed import EncoderUDF
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.derive import derive_defaults, derive_unset, needs_derivation
 from seeder.io import DataError, now, output_lock, read_manifest, write_manifest
+from seeder.progress import Progress
 from seeder.storage import is_uri, join, output_directory
 from seeder.store import KnowledgeGraph, open_dataset
 
@@ -82,6 +83,9 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
         # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
         ds.context.execution_no_progress_timeout_s = 6 * 3600
+        # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
+        # terminal, its log line per operator every few seconds.
+        ds.context.enable_progress_bars = False
         ds = ds.map_batches(
             EncoderUDF,
             fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
@@ -90,9 +94,11 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
             batch_format="numpy",
             **remote,
         )
-        for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-            if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
-                pp.maybe_stop_for_test("embed", collector.written)
+        with Progress(table.num_rows, "embed", "texts") as bar:
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+                if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
+                    pp.maybe_stop_for_test("embed", collector.written)
+                bar.update(len(batch["row"]))
         if collector.unfinished():
             raise DataError(f"embed: the encoder returned incomplete blocks: {collector.unfinished()[:3]}")
     shutil.rmtree(work / "inputs", ignore_errors=True)
@@ -114,13 +120,13 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, kg: KnowledgeGrap
         config_dict = to_dict(config)
         futures = [remote.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo]
         done = 0
-        while futures:
-            ready, futures = ray.wait(futures, num_returns=1)
-            result = ray.get(ready[0])
-            done += 1
-            print(f"{stage.name}: block {result['block']} ({result['queries']} queries, {result['seconds']:.1f} s), "
-                  f"{done}/{len(todo)} done", flush=True)
-            pp.maybe_stop_for_test(stage.name, done)
+        with Progress(int(sum(len(blocks[b]) for b in todo)), stage.name, "queries") as bar:
+            while futures:
+                ready, futures = ray.wait(futures, num_returns=1)
+                result = ray.get(ready[0])
+                done += 1
+                bar.update(int(result["queries"]))
+                pp.maybe_stop_for_test(stage.name, done)
     return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
 
 

@@ -17,6 +17,7 @@ from seeder.config import ConfigError, SeederConfig
 from seeder.io import DataError
 from seeder.metrics import per_query_metrics
 from seeder.model import SeedERPolicy
+from seeder.progress import Progress
 from seeder.retrieve.base import RetrievalResult
 from seeder.rollout import QueryBatch, Rollout, make_query_batch, rank_nodes, score_whole_subgraph
 from seeder.subgraphs import SubgraphSet
@@ -126,16 +127,18 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 @torch.no_grad()
 def retrieve(
-    model: SeedERPolicy, data: QueryData, schedule: Schedule, length: int, batch_size: int = 64
+    model: SeedERPolicy, data: QueryData, schedule: Schedule, length: int, batch_size: int = 64,
+    progress: str | None = None,
 ) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
     """Greedy rollouts of every query in ``data``, ``batch_size`` queries per forward pass: the ranking
     and, per ranked node, the expansion step at which it was reached (0 seeds, t+1 step t, -1 outside
     the final set) and its score (the model's for the retrieved set, the K-hop filter score for the
-    rest; NaN for padding)."""
+    rest; NaN for padding). ``progress`` names a ``seeder.progress.Progress`` over the queries."""
     model.eval()
     device = model_device(model)
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     results, steps, node_scores = [], [], []
+    bar = Progress(len(data.subgraphs), progress, "queries") if progress else None
     for lo in range(0, len(data.subgraphs), batch_size):
         index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
         batch = data.batch(index).to(device)
@@ -163,6 +166,10 @@ def retrieve(
         steps.append(np.where(found, step, -1))
         shown = torch.where(in_set, scores, batch.filter_score).cpu().numpy()
         node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
+        if bar is not None:
+            bar.update(len(index))
+    if bar is not None:
+        bar.close()
     if not results:
         empty = np.zeros((0, length))
         return RetrievalResult(np.zeros(0, np.int64), empty.astype(np.int64), np.zeros(0, np.int64)), empty.astype(np.int64), empty
@@ -177,6 +184,7 @@ def retrieve(
 def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
     """Validation during training: greedy retrieval of ``data`` with the training schedule, and the
     mean of every metric of ``seeder.metrics`` (the names ``seeder evaluate`` reports)."""
-    result, _, _ = retrieve(model, data, Schedule.training(config), config.eval.ranking_length, config.train.eval_batch_size)
+    result, _, _ = retrieve(model, data, Schedule.training(config), config.eval.ranking_length,
+                            config.train.eval_batch_size, progress="validate")
     per_query = per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
     return result, {key: float(values.mean()) for key, values in per_query.items()}

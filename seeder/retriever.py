@@ -167,13 +167,15 @@ class Retriever:
         )
         return subgraphs, query_features
 
-    def rank(self, subgraphs: SubgraphSet, query_features: np.ndarray) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
-        """Rankings of bounded subgraphs: (result, step per ranked node, score per ranked node)."""
+    def rank(self, subgraphs: SubgraphSet, query_features: np.ndarray, progress: str | None = None
+             ) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
+        """Rankings of bounded subgraphs: (result, step per ranked node, score per ranked node);
+        ``progress`` names a progress display over the questions."""
         from seeder.inference import QueryData, retrieve
 
         data = QueryData(self.artifacts.node_features, np.asarray(self.artifacts.relation_features, np.float32),
                          np.asarray(query_features, np.float32), subgraphs)
-        return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size)
+        return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size, progress)
 
     def rank_split(self, split: str) -> tuple[RetrievalResult, SubgraphSet]:
         """The preprocessed questions of ``split``, ranked as ``seeder evaluate`` ranks them."""

@@ -32,6 +32,7 @@ from seeder.inference import QueryData, Schedule, evaluate
 from seeder.io import DataError
 from seeder.losses import advantages, bpr_loss, reinforce_loss
 from seeder.model import SeedERPolicy
+from seeder.progress import Progress
 from seeder.rollout import QueryBatch, Rollout, recall_of_sets, score_whole_subgraph
 
 EPOCH_METRICS = ("loss", "loss_reinforce", "loss_bpr", "reward", "grad_norm", "epoch_seconds", "trajectories_per_second")
@@ -336,23 +337,23 @@ def fit(
     return state
 
 
-def epoch_progress(state: TrainState, every_seconds: float = 30.0, log: Callable[[str], None] | None = None):
-    """A ``progress`` callback for ``fit``: a line with the running loss and reward and the epoch's ETA,
-    at most every ``every_seconds`` (and never for epochs shorter than that), on stderr."""
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    clock = {"start": time.perf_counter(), "last": time.perf_counter(), "epoch": -1}
+def epoch_progress(state: TrainState, every_seconds: float | None = None, log: Callable[[str], None] | None = None):
+    """A ``progress`` callback for ``fit``: each epoch's batches as a ``seeder.progress.Progress`` with
+    the running loss and reward and the epoch's ETA (a bar on a terminal, else a line at most every
+    ``every_seconds``)."""
+    current: dict[str, Progress] = {}
 
     def report(done: int, total: int, means: dict[str, float]) -> None:
-        now = time.perf_counter()
-        if clock["epoch"] != state.epoch:  # a new epoch started
-            clock.update(start=now - 1e-9, last=now, epoch=state.epoch)
-        if now - clock["last"] < every_seconds or done == total:
-            return
-        clock["last"] = now
-        eta = (now - clock["start"]) / done * (total - done)
-        log(f"epoch {state.epoch + 1}/{state.config.train.epochs}: batch {done}/{total} ({100 * done / total:.0f}%)  "
-            f"loss {means.get('loss', float('nan')):.4f}  reward {means.get('reward', float('nan')):.3f}  "
-            f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+        if done == 1 or "bar" not in current:
+            if "bar" in current:
+                current["bar"].close()
+            desc = f"epoch {state.epoch + 1}/{state.config.train.epochs}"
+            current["bar"] = Progress(total, desc, "batch", every=every_seconds, log=log)
+        bar = current["bar"]
+        bar.update(1, loss=float(means.get("loss", float("nan"))), reward=float(means.get("reward", float("nan"))))
+        if done == total:
+            bar.close()
+            del current["bar"]
 
     return report
 

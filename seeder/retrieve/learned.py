@@ -15,7 +15,7 @@ class SubgraphRanker:
         self.retriever = retriever
 
     def retrieve(self, subgraphs, query_features):
-        return self.retriever.rank(subgraphs, query_features)[0]
+        return self.retriever.rank(subgraphs, query_features, progress="seeder")[0]
 
 
 @registry.register("seeder")
