@@ -34,13 +34,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import numpy as np
 
 from pipelines.ray_runtime import add_ray_arguments, start_ray
 from seeder import tracking

@@ -42,7 +42,7 @@ import numpy as np
 
 from seeder.config import ConfigError, SeederConfig, from_dict, parse_overrides, to_dict
 from seeder.io import DataError, atomic_directory, check_replaceable
-from seeder.metrics import evaluate, group_by, per_query_metrics, subgraph_ceiling
+from seeder.metrics import evaluate, per_query_metrics, subgraph_ceiling
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
 from seeder.subgraphs import SubgraphSet

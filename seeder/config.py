@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -31,8 +31,44 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the schema; the message says which key and why."""
 
 
+# Every choice field is a Literal: its values are checked in one place (``Section.__post_init__``), for
+# configs from YAML, from overrides and built in code alike, and the modules read their choices from here.
+SeedStrategy = Literal["dense", "entity", "dense+entity", "bm25", "hybrid", "given", "auto"]
+ParentTerm = Literal["similarity", "score"]
+RelationScore = Literal["cosine", "learned", "auto"]
+PriorModel = Literal["hops", "path"]
+QueryInjection = Literal["add", "concat"]
+Baseline = Literal["group_mean", "none", "greedy"]
+TrainMode = Literal["seeder", "rerank"]
+Pruning = Literal["none", "simple", "gw", "strong"]
+AUTO = "auto"
+"""The value of a choice that preprocessing derives from the training split (seeder.derive)."""
+
+
+def choices(kind: Any, auto: bool = False) -> tuple[str, ...]:
+    """The values of a choice type, without ``auto`` unless asked: ``choices(SeedStrategy)``."""
+    return tuple(v for v in get_args(kind) if auto or v != AUTO)
+
+
+@lru_cache(maxsize=None)
+def _choice_fields(cls: type) -> dict[str, tuple[str, ...]]:
+    hints = get_type_hints(cls)
+    return {name: get_args(kind) for name, kind in hints.items() if get_origin(kind) is Literal}
+
+
+class Section:
+    """Base of every config section: checks its choice fields when it is built."""
+
+    def __post_init__(self) -> None:
+        section = type(self).__name__.removesuffix("Config").lower()
+        for name, allowed in _choice_fields(type(self)).items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"{section}.{name}={value!r}: use one of {', '.join(allowed)}")
+
+
 @dataclass
-class EmbedConfig:
+class EmbedConfig(Section):
     encoder: str = "minilm"
     """Text encoder: ``minilm`` (the bundled all-MiniLM-L6-v2 weights), ``hash`` (fast, deterministic,
     no model: for scale tests and CI), or a local sentence-transformers model directory."""
@@ -51,7 +87,7 @@ class EmbedConfig:
 
 
 @dataclass
-class ReduceConfig:
+class ReduceConfig(Section):
     dim: int = 256
     """PCA output dimension (paper, Appendix D.1); 0 keeps the encoder's dimension."""
     fit_sample: int = 100_000
@@ -61,10 +97,10 @@ class ReduceConfig:
 
 
 @dataclass
-class SeedConfig:
+class SeedConfig(Section):
     k0: int = 3
     """Seeds per query: the top-k0 nodes by cosine (paper, Section 3)."""
-    strategy: str = "dense"
+    strategy: SeedStrategy = "dense"
     """``dense`` (cosine), ``entity`` (node names found in the query text), ``dense+entity``
     (entity-linked nodes first, then dense seeds up to k0), ``bm25`` (BM25 over node text, dense seeds
     filling queries without a term match), ``hybrid`` (BM25 and dense fused by reciprocal rank) or
@@ -85,7 +121,7 @@ class SeedConfig:
 
 
 @dataclass
-class ExpandConfig:
+class ExpandConfig(Section):
     budget: int = 200
     """B: nodes kept in each query's bounded subgraph, seeds included (paper: 100-200)."""
     hops: int = 2
@@ -99,24 +135,24 @@ class ExpandConfig:
     """At most this many candidate edges scored per hop and query."""
     weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
     """Weights of sim(q,u), sim(q,v) and sim(q,r) in the filter score (paper, Section 3)."""
-    parent_term: str = "similarity"
+    parent_term: ParentTerm = "similarity"
     """What the w2 term reads from the source node v: ``similarity`` (sim(q,v), the paper's) or
     ``score`` (v's own filter score, so the relations of the whole path from the seed add up and a
     multi-hop question's relation chain outranks hub neighbourhoods)."""
     batch_queries: int = 256
     """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
-    relation_score: str = "cosine"
+    relation_score: RelationScore = "cosine"
     """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
     probability mass of the candidate's relation path from the seed (the parent's path plus this edge's
     relation), plus the mass of paths that end there (see ``prior`` and seeder.retrieve.prior)."""
 
 
 @dataclass
-class PriorConfig:
+class PriorConfig(Section):
     """Golden relation paths of the training questions and the relation-path prior learnt from them
     (used by ``expand.relation_score: learned``)."""
 
-    model: str = "hops"
+    model: PriorModel = "hops"
     """``hops``: one softmax over the relation ids (and "stop") per hop, multiplied along a path, so
     relation paths never seen whole in training still get their mass (compositional questions);
     ``path``: one softmax over a vocabulary of whole relation paths seen in training."""
@@ -158,7 +194,7 @@ class PriorConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     hidden_dim: int = 32
     """Width of the graph transformer."""
     num_layers: int = 3
@@ -167,7 +203,7 @@ class ModelConfig:
     """Attention heads per layer."""
     dropout: float = 0.1
     """Dropout in attention and feed-forward blocks."""
-    query_injection: str = "concat"
+    query_injection: QueryInjection = "concat"
     """``add`` (z_v + W_q z_q) or ``concat`` ([z_v, W_q z_q, cos(z_v, z_q)] then a projection)."""
     step_relations: bool = False
     """Condition each edge's relation embedding on the rollout state of its source node (seed, added at
@@ -178,7 +214,7 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     epochs: int = 15
     """Training epochs."""
     batch_size: int = 16
@@ -205,11 +241,11 @@ class TrainConfig:
     """gamma: margin of the BPR variant (paper uses 0.5); 0 is plain BPR."""
     seed: int = 0
     """Random seed of initialisation and sampling."""
-    baseline: str = "group_mean"
+    baseline: Baseline = "group_mean"
     """REINFORCE baseline: ``group_mean`` (centre on the query's M trajectories, the paper's default),
     ``none`` (ablation: raw rewards) or ``greedy`` (ablation: reward minus the greedy trajectory's).
     With ``num_trajectories=1`` use ``none`` or ``greedy``: a group of one has zero advantage."""
-    mode: str = "seeder"
+    mode: TrainMode = "seeder"
     """``seeder`` (learned expansion, Algorithm 2) or ``rerank`` (ablation: the GNN scores the whole
     K-hop subgraph, BPR only, no learned expansion)."""
     queries_per_epoch: int = 0
@@ -232,7 +268,7 @@ class TrainConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     ks: list[int] = field(default_factory=lambda: [1, 5, 20])
     """Cut-offs of Hit@k and Recall@k."""
     ranking_length: int = 100
@@ -247,7 +283,7 @@ class EvalConfig:
 
 
 @dataclass
-class BaselinesConfig:
+class BaselinesConfig(Section):
     """The comparison suite of the paper's Table 1 (Appendix E) plus BM25 and hybrid retrieval."""
 
     seeds: int = 3
@@ -269,7 +305,7 @@ class BaselinesConfig:
     """G-Retriever: cost of every edge in the prize-collecting Steiner tree."""
     gretriever_num_clusters: int = 1
     """G-Retriever: connected components returned by pcst_fast."""
-    gretriever_pruning: str = "gw"
+    gretriever_pruning: Pruning = "gw"
     """G-Retriever: pcst_fast pruning (``none``, ``simple``, ``gw``, ``strong``)."""
     gretriever_prize_bonus: float = 0.1
     """Weight of a selected node's prize added to its cosine when ranking the selected nodes."""
@@ -322,7 +358,7 @@ class BaselinesConfig:
 
 
 @dataclass
-class SynthConfig:
+class SynthConfig(Section):
     """The synthetic relation-tracing graph of ``seeder synth`` (paper, Definition B.1); the defaults are
     the small graph the demo runs end to end."""
 
@@ -418,6 +454,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             return float(value)  # YAML 1.1 reads "1e-3" as a string
         except ValueError:
             pass
+    if origin is Literal:
+        return value  # the section checks the value (Section.__post_init__)
     if annotation in (int, float, str, bool):
         if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
             raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seeder.config import ConfigError, SeederConfig
+from seeder.config import ConfigError, SeederConfig, TrainMode, choices
 from seeder.io import DataError
 from seeder.metrics import per_query_metrics
 from seeder.model import SeedERPolicy
@@ -84,8 +84,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         check_schedule(list(self.expansion_sizes), list(self.frontier_caps), "expansion")
-        if self.mode not in ("seeder", "rerank"):
-            raise ConfigError(f"train.mode={self.mode!r}: use 'seeder' or 'rerank'")
+        if self.mode not in choices(TrainMode):
+            raise ConfigError(f"train.mode={self.mode!r}: use one of {', '.join(choices(TrainMode))}")
 
     @classmethod
     def training(cls, config: SeederConfig) -> "Schedule":

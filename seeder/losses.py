@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from seeder.config import ConfigError
+from seeder.config import Baseline, ConfigError, choices
 
-BASELINES = ("group_mean", "none", "greedy")
+BASELINES = choices(Baseline)
 
 
 def advantages(rewards: torch.Tensor, baseline: str, greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:

@@ -89,8 +89,6 @@ class SeedERPolicy(nn.Module):
 
     def __init__(self, feature_dim: int, config: ModelConfig):
         super().__init__()
-        if config.query_injection not in ("add", "concat"):
-            raise ConfigError(f"model.query_injection={config.query_injection!r}: use 'add' or 'concat'")
         hidden = config.hidden_dim
         self.config = config
         self.feature_dim = feature_dim

@@ -108,7 +108,6 @@ def check_config(config: SeederConfig) -> None:
             problems.append(f"model.{name}={getattr(config.model, name)!r} must be >= 1")
     if problems:
         raise ConfigError("; ".join(problems))
-    advantages(torch.zeros(1, 1), train.baseline, torch.zeros(1))  # validates the name
 
 
 def lr_lambda(steps_per_epoch: int, warmup_epochs: int, epochs: int) -> Callable[[int], float]:
@@ -156,13 +155,6 @@ def trainable_queries(data: QueryData, config: SeederConfig) -> np.ndarray:
     answered = np.add.reduceat(sg.is_answer.astype(np.int64), sg.node_ptr[:-1]) if len(sg.nodes) else np.zeros(len(sg))
     answered = np.where(np.diff(sg.node_ptr) > 0, answered, 0)
     return np.flatnonzero(answered > 0)
-
-
-def steps_per_epoch(data: QueryData, config: SeederConfig) -> int:
-    n = len(trainable_queries(data, config))
-    if config.train.queries_per_epoch:
-        n = min(n, config.train.queries_per_epoch)
-    return max(1, math.ceil(n / config.train.batch_size))
 
 
 def epoch_queries(pool: np.ndarray, seed: int, epoch: int, rank: int = 0, world: int = 1, queries_per_epoch: int = 0) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,20 @@ def test_training_config_keeps_the_artifacts_preprocessing_sections(tmp_path):
     for section in PREPROCESSING_SECTIONS:
         assert getattr(config, section) == getattr(built_with, section)
     assert (config.train.lr, config.model.hidden_dim) == (5e-4, 48)
+
+
+def test_every_choice_field_is_checked_when_its_section_is_built():
+    import dataclasses
+
+    from seeder.config import SeederConfig, _choice_fields
+
+    checked = 0
+    for section in dataclasses.fields(SeederConfig):
+        cls = type(getattr(SeederConfig(), section.name))
+        for name, allowed in _choice_fields(cls).items():
+            with pytest.raises(ConfigError, match=re.escape(f"{section.name}.{name}='bogus': use one of {', '.join(allowed)}")):
+                load_config(None, [f"{section.name}.{name}=bogus"])
+            with pytest.raises(ConfigError, match=rf"{section.name}\.{name}="):
+                cls(**{name: "bogus"})
+            checked += 1
+    assert checked >= 8  # seed.strategy, expand.parent_term/relation_score, prior.model, model.query_injection, ...

@@ -35,14 +35,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seeder.config import ConfigError, ExpandConfig, SeederConfig
+from seeder.config import AUTO, ConfigError, ExpandConfig, RelationScore, SeederConfig, choices
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.prior import OFF_PATH_TERM
 from seeder.retrieve.registry import register
 from seeder.subgraphs import SubgraphSet, _offsets
 
-RELATION_SCORES = ("cosine", "learned")
+RELATION_SCORES = choices(RelationScore)
 
 HEAVY_DEGREE = 256
 """Nodes with a larger degree are not scanned when collecting induced edges: their edges to other
@@ -202,10 +202,8 @@ def _check_config(cfg: ExpandConfig) -> None:
         )
     if len(cfg.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 values (w1 sim(q,u), w2 sim(q,v), w3 sim(q,r)), got {cfg.weights}")
-    if cfg.relation_score not in RELATION_SCORES:
-        raise ConfigError(f"expand.relation_score={cfg.relation_score!r}: use 'cosine' (the paper's) or 'learned'")
-    if cfg.parent_term not in ("similarity", "score"):
-        raise ConfigError(f"expand.parent_term={cfg.parent_term!r}: use 'similarity' (the paper's) or 'score'")
+    if cfg.relation_score == AUTO:
+        raise ConfigError("expand.relation_score=auto is resolved by preprocessing (seeder.derive); expand with the resolved config")
     if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
         raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
 

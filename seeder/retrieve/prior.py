@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seeder.config import PriorConfig
+from seeder.config import PriorConfig, PriorModel, choices
 from seeder.io import DataError
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
 
@@ -173,7 +173,7 @@ class PathTrie:
         return (through + ending).T, ending.T
 
 
-PRIOR_MODELS = ("hops", "path")
+PRIOR_MODELS = choices(PriorModel)
 MASS_FLOOR = 1e-6
 OFF_PATH_TERM = float(np.log(MASS_FLOOR))
 """The path term of a candidate whose path leaves the prior's trie (no vocabulary path goes there)."""

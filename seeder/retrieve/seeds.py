@@ -21,12 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from seeder.config import ConfigError, SeedConfig
+from seeder.config import AUTO, ConfigError, SeedConfig, SeedStrategy, choices
 from seeder.io import DataError
 
 STRATEGIES = ("dense", "entity", "dense+entity")  # what select_seeds combines
 # Every seed.strategy: bm25 and hybrid come from the baselines, given reads a query attribute.
-SEED_STRATEGIES = ("dense", "entity", "dense+entity", "bm25", "hybrid", "given")
+SEED_STRATEGIES = choices(SeedStrategy)
 MAX_NGRAM = 12
 """Longest name, in tokens, that entity linking looks for (longer names are ignored)."""
 STOP_WORDS = frozenset(
@@ -355,8 +355,8 @@ def seed_queries(
     per query; a new question without one is seeded densely). Pass a prebuilt ``linker`` to reuse its
     name index across calls."""
     cfg = config.seed
-    if cfg.strategy not in SEED_STRATEGIES:
-        raise ConfigError(f"seed.strategy={cfg.strategy!r}; use one of {', '.join(SEED_STRATEGIES)}")
+    if cfg.strategy == AUTO:
+        raise ConfigError("seed.strategy=auto is resolved by preprocessing (seeder.derive); seed with the resolved config")
     if cfg.strategy not in ("dense", "given") and texts is None:
         raise ConfigError(f"seed.strategy={cfg.strategy!r} needs the query texts")
     combine, linked = cfg.strategy, None
