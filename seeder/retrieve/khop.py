@@ -52,8 +52,8 @@ selected nodes are looked up in a small sorted index instead (see ``GraphIndex``
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated ``arange(starts[i], starts[i] + lengths[i])``; also which range each entry is from."""
     owner = np.repeat(np.arange(len(starts)), lengths)
-    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return starts[owner] + within, owner
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)  # start minus output offset
+    return np.arange(len(owner)) + shift[owner], owner
 
 
 def _group_rank(sorted_groups: np.ndarray) -> np.ndarray:
@@ -72,6 +72,34 @@ def _descending_bits(values: np.ndarray) -> np.ndarray:
     bits = (-(values.astype(np.float32)) + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 -> 0.0
     ascending = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # float order as signed ints
     return ascending + (1 << 31)
+
+
+def _from_descending_bits(bits: np.ndarray) -> np.ndarray:
+    """The float32 values whose ``_descending_bits`` are ``bits`` (its inverse, up to the sign of 0)."""
+    ascending = bits - (1 << 31)
+    signed = np.where(ascending < 0, ascending ^ 0x7FFFFFFF, ascending).astype(np.int32)
+    return -signed.view(np.float32)
+
+
+def _bits(count: int) -> int:
+    """Bits needed to store the integers 0 .. count - 1."""
+    return max(int(count) - 1, 0).bit_length()
+
+
+def _packed_order(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
+    """Sorted int64 keys packing non-negative ``fields`` (array, bits), most significant first.
+
+    Sorting the packed values (np.sort, SIMD, no permutation array) gives the lexicographic order of
+    the fields several times faster than ``np.lexsort`` or a stable argsort; the fields are read
+    back with shifts. None when they do not fit in 63 bits (the caller then sorts the long way).
+    """
+    if sum(bits for _, bits in fields) > 63:
+        return None
+    packed = np.zeros(len(fields[0][0]), dtype=np.int64)
+    for values, bits in fields:
+        packed <<= bits
+        packed |= values
+    return np.sort(packed)
 
 
 def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -114,8 +142,14 @@ def node_query_cosines(
             uniq, counts = np.unique(nodes, return_counts=True)
             frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
         if len(frequent_nodes):
-            slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
-            shared = frequent_nodes[slot] == nodes
+            if num_nodes <= 16 * len(nodes):  # a slot per graph node: one gather, no binary search
+                slot_of = np.full(num_nodes, -1, dtype=np.int64)
+                slot_of[frequent_nodes] = np.arange(len(frequent_nodes))
+                slot = slot_of[nodes]
+                shared = slot >= 0
+            else:
+                slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
+                shared = frequent_nodes[slot] == nodes
             table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
             out[shared] = table[slot[shared], rows[shared]]
             rest = np.flatnonzero(~shared)
@@ -208,6 +242,18 @@ def _check_config(cfg: ExpandConfig) -> None:
         raise ConfigError(f"expand.parent_term={cfg.parent_term!r}: use 'similarity' (the paper's) or 'score'")
     if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
         raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
+
+
+def _rank_order(uq: np.ndarray, score: np.ndarray, num_q: int) -> np.ndarray:
+    """Indices of the candidates by (query, score descending, index); ties keep index order.
+
+    Candidates are indexed in (query, node) order, so index order is node-id order within a query.
+    """
+    index_bits = _bits(len(uq))
+    packed = _packed_order([(uq, _bits(num_q)), (_descending_bits(score), 32), (np.arange(len(uq)), index_bits)])
+    if packed is None:
+        return np.argsort((uq << 32) | _descending_bits(score), kind="stable")
+    return packed & ((1 << index_bits) - 1)
 
 
 def expand_batch(
@@ -309,9 +355,16 @@ def expand_batch(
             all_trie = child[fresh]
             order = np.lexsort((all_trie, -all_edge, all_keys))
             all_trie = all_trie[order]
+            all_keys, all_edge = all_keys[order], all_edge[order]
+            packed = None
         else:
-            order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
-        all_keys, all_edge = all_keys[order], all_edge[order]
+            # (key, edge term descending) packed in one int64: the first entry of a key is its max.
+            packed = _packed_order([(all_keys, 31), (_descending_bits(all_edge), 32)]) if n * num_q < 1 << 31 else None
+            if packed is None:
+                order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
+                all_keys, all_edge = all_keys[order], all_edge[order]
+            else:
+                all_keys = packed >> 32
         if len(all_keys) == 0:
             break
         first = np.ones(len(all_keys), dtype=bool)
@@ -320,6 +373,8 @@ def expand_batch(
         ukeys = all_keys[starts]
         if learned:
             best_edge, best_trie = all_edge[starts], all_trie[starts]
+        elif packed is not None:
+            best_edge = _from_descending_bits(packed[starts] & 0xFFFFFFFF)
         else:
             best_edge = np.maximum.reduceat(all_edge, starts)
         uq, unode = ukeys // n, ukeys % n
@@ -333,7 +388,7 @@ def expand_batch(
         score = w1 * usim + best_edge
         # Per-query top b_h by (score desc, id asc), within the remaining budget.
         # ukeys are sorted by (query, node), so a stable sort on (query, -score) breaks ties by id.
-        rank_order = np.argsort((uq << 32) | _descending_bits(score), kind="stable")
+        rank_order = _rank_order(uq, score, num_q)
         rank = _group_rank(uq[rank_order])
         limit = np.minimum(cfg.keep_per_hop[h - 1], cfg.budget - sel_count)
         chosen = rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
@@ -384,20 +439,19 @@ def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_
     sorted_keys, sorted_local = sel_keys[key_order], local[key_order]
     heavy = graph.is_heavy(nodes)
 
-    # Light nodes: scan their slices.
+    # Light nodes: scan their slices. A bitmap of the batch's selected nodes rejects most entries
+    # first, so everything after it (relations, keys, binary search) runs on the few that remain.
     light = np.flatnonzero(~heavy)
     start = graph.indptr[nodes[light]]
     pos, owner = _ranges(start, graph.indptr[nodes[light] + 1] - start)
+    in_batch = np.zeros(n, dtype=bool)
+    in_batch[nodes] = True
+    maybe = np.flatnonzero(in_batch[graph.neighbors[pos]])
+    pos, owner = pos[maybe], owner[maybe]
     nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
     rel = np.asarray(graph.relations[pos], dtype=np.int64)
     eq = query[light][owner]
-    # A bitmap of the batch's selected nodes rejects most entries before the binary search.
-    in_batch = np.zeros(n, dtype=bool)
-    in_batch[nodes] = True
-    maybe = np.flatnonzero(in_batch[nbr])
-    found = np.zeros(len(nbr), dtype=bool)
-    where = np.zeros(len(nbr), dtype=np.int64)
-    found[maybe], where[maybe] = _lookup(sorted_keys, eq[maybe] * n + nbr[maybe])
+    found, where = _lookup(sorted_keys, eq * n + nbr)
     other_local = sorted_local[where]
     out_edge = found & (rel < num_rel)
     in_from_heavy = found & (rel >= num_rel) & graph.is_heavy(nbr)
@@ -426,11 +480,19 @@ def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_
 
     eq, src, dst, rel = (np.concatenate([p[i] for p in parts]) for i in range(4))
     # One row per distinct (query, src, dst, relation), sorted: duplicate KG edges collapse.
-    order = np.lexsort((rel, dst, src, eq))
-    eq, src, dst, rel = eq[order], src[order], dst[order], rel[order]
-    first = np.ones(len(eq), dtype=bool)
-    first[1:] = (np.diff(eq) != 0) | (np.diff(src) != 0) | (np.diff(dst) != 0) | (np.diff(rel) != 0)
-    eq, src, dst, rel = eq[first], src[first], dst[first], rel[first]
+    local_bits = _bits(int(np.diff(node_ptr).max(initial=0)))
+    widths = [_bits(num_q), local_bits, local_bits, _bits(num_rel)]
+    packed = _packed_order(list(zip((eq, src, dst, rel), widths)))
+    if packed is not None:
+        packed = packed[np.append(True, packed[1:] != packed[:-1])[: len(packed)]]  # sorted: drop repeats
+        shifts = np.cumsum(widths[::-1])[::-1] - widths  # where each field starts, from the right
+        eq, src, dst, rel = ((packed >> int(shift)) & ((1 << bits) - 1) for shift, bits in zip(shifts, widths))
+    else:
+        order = np.lexsort((rel, dst, src, eq))
+        eq, src, dst, rel = eq[order], src[order], dst[order], rel[order]
+        first = np.ones(len(eq), dtype=bool)
+        first[1:] = (np.diff(eq) != 0) | (np.diff(src) != 0) | (np.diff(dst) != 0) | (np.diff(rel) != 0)
+        eq, src, dst, rel = eq[first], src[first], dst[first], rel[first]
     return {
         "edge_ptr": _offsets(np.bincount(eq, minlength=num_q)),
         "edge_src": src.astype(np.int32),
