@@ -379,10 +379,12 @@ def expand_batch(
             best_edge = np.maximum.reduceat(all_edge, starts)
         uq, unode = ukeys // n, ukeys % n
         clock("max per node")
-        known, where = _lookup(carry_keys, ukeys)
+        # Carried candidates keep their cosine. Every carried key is among ukeys, so the few carried
+        # keys are searched in ukeys (not every candidate in the carried ones).
         usim = np.empty(len(ukeys), dtype=np.float32)
-        usim[known] = carry_sim[where[known]]
-        new = ~known
+        new = np.ones(len(ukeys), dtype=bool)
+        where = np.searchsorted(ukeys, carry_keys)
+        usim[where], new[where] = carry_sim, False
         usim[new] = node_query_cosines(node_features, unode[new], query_features, uq[new])
         clock("node cosines")
         score = w1 * usim + best_edge
@@ -402,7 +404,7 @@ def expand_batch(
             # candidate passed over at hop h would outrank every hop h+1 candidate: it is not carried.
             src_trie = best_trie[chosen]
             sel_trie.append(src_trie)
-        else:
+        elif h < cfg.hops:  # after the last hop nothing is carried
             rest = np.ones(len(ukeys), dtype=bool)
             rest[chosen] = False
             carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
