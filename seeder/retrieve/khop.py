@@ -10,8 +10,12 @@ and keeps the best ``keep_per_hop[h-1]`` nodes not selected yet (ties: smaller n
 than ``budget`` nodes in total. The output keeps ids, scores and the induced edges, never embeddings.
 
 Everything is vectorised over a batch of queries: (query, node) pairs live in flat arrays with keys
-``query * N + node``; CSR slices are gathered with repeat/cumsum offsets; the max over incoming edges
-is a sort plus ``np.maximum.reduceat``; per-query top-b is a lexsort on (query, -score, id). Only
+``query * N + node``; CSR slices are gathered with repeat/cumsum offsets. The sorts pack their keys
+into one int64 and sort the values (``_packed_order``), which is several times faster than a lexsort
+or a stable argsort and gives the same order: the max over incoming edges sorts (key, edge term
+descending) and keeps each key's first entry; per-query top-b sorts (query, score descending,
+candidate index), the index standing for the node id; induced edges sort (query, src, dst,
+relation). Where the fields do not fit in 63 bits the long way (argsort, lexsort) is taken. Only
 the hops are a Python loop.
 
 Work caps, so that a hub costs no more than the cap:
