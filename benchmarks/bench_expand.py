@@ -5,8 +5,8 @@ and a small one (default 100K nodes, same mean degree), each with a few hubs of 
 neighbours, random L2-normalised features, and random seeds. It expands the same number of queries
 on each with the default expansion config (budget B=200, K=2) on one thread, and prints (from CPU time, which a busy shared machine inflates less than wall time)
 
-- subgraphs/second/core on the large graph (goal: >= 1,000),
-- per-query cost on the large graph / on the small one (goal: <= 1.5); hubs keep the same share
+- subgraphs/second/core on the large graph (goal: >= 1,500),
+- per-query cost on the large graph / on the small one (goal: <= 1.2); hubs keep the same share
   of the graph at both sizes, so the ratio isolates the effect of size (cache misses),
 - mean subgraph size and induced edges, and the share of time spent on the hop loop vs. induced edges.
 
@@ -27,7 +27,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seeder.config import ExpandConfig  # noqa: E402
-from seeder.retrieve.khop import GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
+from seeder.retrieve.khop import FeatureScreen, GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
 from seeder.store import build_csr  # noqa: E402
 
 
@@ -76,6 +76,8 @@ def measure(kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str) -> dict:
         query_ids=np.arange(args.queries), splits=np.array(["train"] * args.queries, dtype=object),
         answer_ptr=answer_ptr, answers=answers, graph=graph,
     )
+    if not args.no_screen:  # built once per run, like the graph index
+        common["screen"] = FeatureScreen.build(nf)
     warm = min(cfg.batch_queries, args.queries)
     expand_queries(kg, nf, rf, qf[:warm], seeds[:warm], None, cfg, **{**common, "query_ids": np.arange(warm),
                    "splits": common["splits"][:warm], "answer_ptr": answer_ptr[: warm + 1], "answers": answers[:warm]})
@@ -88,7 +90,7 @@ def measure(kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str) -> dict:
     # Split of the time: the hop loop alone vs. the induced edges alone, on one batch.
     b = slice(0, warm)
     t0 = time.process_time()
-    out = expand_batch(graph, nf, rf, qf[b], seeds[b], cfg)
+    out = expand_batch(graph, nf, rf, qf[b], seeds[b], cfg, screen=common.get("screen"))
     t1 = time.process_time()
     induced_edges(graph, out["query"], out["nodes"], out["node_ptr"])
     t2 = time.process_time()
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--batch-queries", type=int, default=ExpandConfig().batch_queries)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-screen", action="store_true", help="no FeatureScreen: every candidate's row is read")
     args = parser.parse_args()
     cfg = ExpandConfig(budget=args.budget, batch_queries=args.batch_queries)
     print(f"expand config: budget {cfg.budget}, hops {cfg.hops}, keep_per_hop {cfg.keep_per_hop}, "
@@ -133,8 +136,8 @@ def main() -> None:
         del kg, nf
     ratio = results["large"]["per_query_ms"] / results["small"]["per_query_ms"]
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"subgraphs/s/core at N={args.nodes:,}: {results['large']['rate']:.0f} (goal >= 1,000)")
-    print(f"per-query cost N={args.nodes:,} / N={args.small_nodes:,}: {ratio:.2f}x (goal <= 1.5x)")
+    print(f"subgraphs/s/core at N={args.nodes:,}: {results['large']['rate']:.0f} (goal >= 1,500)")
+    print(f"per-query cost N={args.nodes:,} / N={args.small_nodes:,}: {ratio:.2f}x (goal <= 1.2x)")
 
 
 if __name__ == "__main__":

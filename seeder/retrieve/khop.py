@@ -10,8 +10,12 @@ and keeps the best ``keep_per_hop[h-1]`` nodes not selected yet (ties: smaller n
 than ``budget`` nodes in total. The output keeps ids, scores and the induced edges, never embeddings.
 
 Everything is vectorised over a batch of queries: (query, node) pairs live in flat arrays with keys
-``query * N + node``; CSR slices are gathered with repeat/cumsum offsets; the max over incoming edges
-is a sort plus ``np.maximum.reduceat``; per-query top-b is a lexsort on (query, -score, id). Only
+``query * N + node``; CSR slices are gathered with repeat/cumsum offsets. The sorts pack their keys
+into one int64 and sort the values (``_packed_order``), which is several times faster than a lexsort
+or a stable argsort and gives the same order: the max over incoming edges sorts (key, edge term
+descending) and keeps each key's first entry; per-query top-b sorts (query, score descending,
+candidate index), the index standing for the node id; induced edges sort (query, src, dst,
+relation). Where the fields do not fit in 63 bits the long way (argsort, lexsort) is taken. Only
 the hops are a Python loop.
 
 Work caps, so that a hub costs no more than the cap:
@@ -52,8 +56,8 @@ selected nodes are looked up in a small sorted index instead (see ``GraphIndex``
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated ``arange(starts[i], starts[i] + lengths[i])``; also which range each entry is from."""
     owner = np.repeat(np.arange(len(starts)), lengths)
-    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return starts[owner] + within, owner
+    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)  # start minus output offset
+    return np.arange(len(owner)) + shift[owner], owner
 
 
 def _group_rank(sorted_groups: np.ndarray) -> np.ndarray:
@@ -72,6 +76,34 @@ def _descending_bits(values: np.ndarray) -> np.ndarray:
     bits = (-(values.astype(np.float32)) + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 -> 0.0
     ascending = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # float order as signed ints
     return ascending + (1 << 31)
+
+
+def _from_descending_bits(bits: np.ndarray) -> np.ndarray:
+    """The float32 values whose ``_descending_bits`` are ``bits`` (its inverse, up to the sign of 0)."""
+    ascending = bits - (1 << 31)
+    signed = np.where(ascending < 0, ascending ^ 0x7FFFFFFF, ascending).astype(np.int32)
+    return -signed.view(np.float32)
+
+
+def _bits(count: int) -> int:
+    """Bits needed to store the integers 0 .. count - 1."""
+    return max(int(count) - 1, 0).bit_length()
+
+
+def _packed_order(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
+    """Sorted int64 keys packing non-negative ``fields`` (array, bits), most significant first.
+
+    Sorting the packed values (np.sort, SIMD, no permutation array) gives the lexicographic order of
+    the fields several times faster than ``np.lexsort`` or a stable argsort; the fields are read
+    back with shifts. None when they do not fit in 63 bits (the caller then sorts the long way).
+    """
+    if sum(bits for _, bits in fields) > 63:
+        return None
+    packed = np.zeros(len(fields[0][0]), dtype=np.int64)
+    for values, bits in fields:
+        packed <<= bits
+        packed |= values
+    return np.sort(packed)
 
 
 def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,30 +134,94 @@ def node_query_cosines(
     two candidates may resolve differently with another ``expand.batch_queries``.
     """
     out = np.empty(len(nodes), dtype=np.float32)
+    rest = _frequent_cosines(node_features, nodes, query_features, rows, out) if share_frequent else slice(None)
+    out[rest] = _gathered_cosines(node_features, nodes[rest], query_features, rows[rest], chunk)
+    return out
+
+
+def _frequent_cosines(node_features, nodes, query_features, rows, out) -> np.ndarray:
+    """Fills ``out`` for the pairs whose node many queries of the batch share; returns the others' indices.
+
+    Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored against
+    every query with one matrix product instead of one gathered row per pair.
+    """
     num_q = len(query_features)
-    if share_frequent and len(nodes) > 4 * num_q:
-        # Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored
-        # against every query with one matrix product instead of one gathered row per pair.
-        num_nodes = len(node_features)
-        if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
-            counts = np.bincount(nodes, minlength=num_nodes)
-            frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
-        else:
-            uniq, counts = np.unique(nodes, return_counts=True)
-            frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
-        if len(frequent_nodes):
-            slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
-            shared = frequent_nodes[slot] == nodes
-            table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
-            out[shared] = table[slot[shared], rows[shared]]
-            rest = np.flatnonzero(~shared)
-            out[rest] = node_query_cosines(node_features, nodes[rest], query_features, rows[rest], chunk, False)
-            return out
+    if len(nodes) <= 4 * num_q:
+        return np.arange(len(nodes))
+    num_nodes = len(node_features)
+    if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
+        counts = np.bincount(nodes, minlength=num_nodes)
+        frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
+    else:
+        uniq, counts = np.unique(nodes, return_counts=True)
+        frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
+    if len(frequent_nodes) == 0:
+        return np.arange(len(nodes))
+    if num_nodes <= 16 * len(nodes):  # a slot per graph node: one gather, no binary search
+        slot_of = np.full(num_nodes, -1, dtype=np.int64)
+        slot_of[frequent_nodes] = np.arange(len(frequent_nodes))
+        slot = slot_of[nodes]
+        shared = slot >= 0
+    else:
+        slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
+        shared = frequent_nodes[slot] == nodes
+    table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
+    out[shared] = table[slot[shared], rows[shared]]
+    return np.flatnonzero(~shared)
+
+
+def _gathered_cosines(node_features, nodes, query_features, rows, chunk: int = 2048) -> np.ndarray:
+    """One gathered feature row per pair, a chunk at a time; a pair's value does not depend on the chunk."""
+    out = np.empty(len(nodes), dtype=np.float32)
     for lo in range(0, len(nodes), chunk):
         hi = lo + chunk
         gathered = np.asarray(node_features[nodes[lo:hi]], dtype=np.float32)
         out[lo:hi] = np.einsum("ij,ij->i", gathered, query_features[rows[lo:hi]])
     return out
+
+
+@dataclass
+class FeatureScreen:
+    """The node features quantised to int8 (one scale per row), with each row's largest rounding error.
+
+    A quarter of the bytes of the float32 rows, so gathering it costs a fraction of gathering them. It
+    bounds a cosine without reading the row: |q.u - s_u q.c_u| <= err_u ||q||_1 (plus float32 rounding),
+    which the last hop uses to skip candidates that cannot reach its top b_h (see ``_screened_top``).
+    """
+
+    codes: np.ndarray  # int8 [N, d]
+    scale: np.ndarray  # float32 [N]
+    error: np.ndarray  # float32 [N]: max_i |u_i - scale * codes_i|
+
+    @classmethod
+    def build(cls, node_features: np.ndarray, chunk: int = 65_536) -> "FeatureScreen":
+        n, d = node_features.shape
+        codes, scale, error = np.empty((n, d), np.int8), np.empty(n, np.float32), np.empty(n, np.float32)
+        for lo in range(0, n, chunk):
+            x = np.asarray(node_features[lo : lo + chunk], dtype=np.float32)
+            s = np.abs(x).max(axis=1) / np.float32(127)
+            s[s == 0] = 1
+            c = np.clip(np.rint(x / s[:, None]), -127, 127)
+            codes[lo : lo + len(x)], scale[lo : lo + len(x)] = c, s
+            error[lo : lo + len(x)] = np.abs(x - c * s[:, None]).max(axis=1)
+        return cls(codes=codes, scale=scale, error=error)
+
+    def cosine_bounds(self, nodes: np.ndarray, query_features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(estimate, radius) with |cos(node, query row) - estimate| <= radius, for pairs sorted by row.
+
+        One matrix-vector product per query row (the pairs come grouped by query).
+        """
+        estimate = np.empty(len(nodes), dtype=np.float32)
+        bounds = np.searchsorted(rows, np.arange(len(query_features) + 1))
+        for q in np.flatnonzero(np.diff(bounds)):
+            lo, hi = bounds[q], bounds[q + 1]
+            estimate[lo:hi] = self.codes[nodes[lo:hi]].astype(np.float32) @ query_features[q]
+        estimate *= self.scale[nodes]
+        l1 = np.abs(query_features).sum(axis=1)[rows]
+        # Float32 rounding of both dot products: at most d * 2^-23 relative to sum |q_i||u_i| each,
+        # counted generously.
+        rounding = 4 * self.codes.shape[1] * np.float32(2**-23) * l1 * (127 * self.scale[nodes] + 1)
+        return estimate, self.error[nodes] * l1 + rounding + np.float32(1e-6)
 
 
 @dataclass
@@ -208,6 +304,66 @@ def _check_config(cfg: ExpandConfig) -> None:
         raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
 
 
+def _rank_order(uq: np.ndarray, score: np.ndarray, num_q: int) -> np.ndarray:
+    """Indices of the candidates by (query, score descending, index); ties keep index order.
+
+    Candidates are indexed in (query, node) order, so index order is node-id order within a query.
+    """
+    index_bits = _bits(len(uq))
+    packed = _packed_order([(uq, _bits(num_q)), (_descending_bits(score), 32), (np.arange(len(uq)), index_bits)])
+    if packed is None:
+        return np.argsort((uq << 32) | _descending_bits(score), kind="stable")
+    return packed & ((1 << index_bits) - 1)
+
+
+def _top_per_query(uq: np.ndarray, score: np.ndarray, limit: np.ndarray, num_q: int) -> np.ndarray:
+    """Indices of each query's best ``limit[query]`` candidates, by (query, score desc, index).
+
+    Candidates come sorted by (query, node), so index order breaks ties by node id.
+    """
+    rank_order = _rank_order(uq, score, num_q)
+    rank = _group_rank(uq[rank_order])
+    return rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
+
+
+def _screened_top(node_features, screen, query_features, uq, unode, usim, new, best_edge, w1, limit, clock):
+    """The last hop's top b_h (K-HOP-WITH-FILTERING, line "keep the best b_h"), reading the float32
+    feature rows of only the candidates that can reach it: exactly ``_top_per_query`` over exact scores.
+
+    Every candidate gets a score interval: exact for carried ones and for nodes scored by the shared
+    matrix product, ``FeatureScreen`` bounds for the others. A query's threshold is the b_h-th largest
+    lower end; a candidate whose upper end is below it is beaten by b_h others and is dropped unread.
+    The survivors get the exact cosine (the same gathered dot product as without the screen), and the
+    top b_h is taken among them. Returns (usim, score, chosen); entries of dropped candidates are NaN.
+    """
+    num_q = len(query_features)
+    fresh = np.flatnonzero(new)
+    fresh_sim = np.full(len(fresh), np.nan, dtype=np.float32)
+    unread = fresh[_frequent_cosines(node_features, unode[fresh], query_features, uq[fresh], fresh_sim)]
+    usim[fresh] = fresh_sim
+    estimate, radius = screen.cosine_bounds(unode[unread], query_features, uq[unread])
+    low = w1 * usim + best_edge
+    high = low.copy()
+    margin = np.float32(1e-5)  # float32 rounding of the score sums, generously
+    low[unread] = w1 * (estimate - radius) + best_edge[unread] - margin
+    high[unread] = w1 * (estimate + radius) + best_edge[unread] + margin
+    clock("node cosines")
+
+    order = _rank_order(uq, low, num_q)
+    rank = _group_rank(uq[order])
+    threshold = np.where(limit > 0, -np.inf, np.inf).astype(np.float32)  # fewer than b_h: all survive
+    at = order[rank == limit[uq[order]] - 1]
+    threshold[uq[at]] = low[at]
+    survive = high >= threshold[uq]
+    read = np.flatnonzero(survive & np.isnan(usim))
+    usim[read] = _gathered_cosines(node_features, unode[read], query_features, uq[read])
+    clock("node cosines (exact)")
+    kept = np.flatnonzero(survive)
+    score = np.full(len(uq), np.nan, dtype=np.float32)
+    score[kept] = w1 * usim[kept] + best_edge[kept]
+    return usim, score, kept[_top_per_query(uq[kept], score[kept], limit, num_q)]
+
+
 def expand_batch(
     graph: GraphIndex,
     node_features: np.ndarray,
@@ -219,6 +375,7 @@ def expand_batch(
     path_terms: np.ndarray | None = None,
     trie_children: np.ndarray | None = None,
     end_terms: np.ndarray | None = None,
+    screen: FeatureScreen | None = None,
 ) -> dict[str, np.ndarray]:
     """K-HOP-WITH-FILTERING for one batch of queries.
 
@@ -232,6 +389,9 @@ def expand_batch(
     its best path from the seed, and the w3 term of an edge v -r-> u is the path term of
     ``trie_children[path(v), r]`` (``OFF_PATH_TERM`` off the trie) instead of sim(q, r). A selected
     node's ``path_end`` is ``end_terms`` [Qb, T] at its path's trie node (0 with the cosine score).
+
+    With a ``screen`` (``FeatureScreen.build(node_features)``), the last hop reads the feature rows of
+    only the candidates that can reach its top b_h; the result is the same.
     """
     clock = _Clock(timings)
     learned = cfg.relation_score == "learned"
@@ -307,9 +467,16 @@ def expand_batch(
             all_trie = child[fresh]
             order = np.lexsort((all_trie, -all_edge, all_keys))
             all_trie = all_trie[order]
+            all_keys, all_edge = all_keys[order], all_edge[order]
+            packed = None
         else:
-            order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
-        all_keys, all_edge = all_keys[order], all_edge[order]
+            # (key, edge term descending) packed in one int64: the first entry of a key is its max.
+            packed = _packed_order([(all_keys, 31), (_descending_bits(all_edge), 32)]) if n * num_q < 1 << 31 else None
+            if packed is None:
+                order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
+                all_keys, all_edge = all_keys[order], all_edge[order]
+            else:
+                all_keys = packed >> 32
         if len(all_keys) == 0:
             break
         first = np.ones(len(all_keys), dtype=bool)
@@ -318,23 +485,30 @@ def expand_batch(
         ukeys = all_keys[starts]
         if learned:
             best_edge, best_trie = all_edge[starts], all_trie[starts]
+        elif packed is not None:
+            best_edge = _from_descending_bits(packed[starts] & 0xFFFFFFFF)
         else:
             best_edge = np.maximum.reduceat(all_edge, starts)
         uq, unode = ukeys // n, ukeys % n
         clock("max per node")
-        known, where = _lookup(carry_keys, ukeys)
+        # Carried candidates keep their cosine. Every carried key is among ukeys, so the few carried
+        # keys are searched in ukeys (not every candidate in the carried ones).
         usim = np.empty(len(ukeys), dtype=np.float32)
-        usim[known] = carry_sim[where[known]]
-        new = ~known
-        usim[new] = node_query_cosines(node_features, unode[new], query_features, uq[new])
-        clock("node cosines")
-        score = w1 * usim + best_edge
+        new = np.ones(len(ukeys), dtype=bool)
+        where = np.searchsorted(ukeys, carry_keys)
+        usim[where], new[where] = carry_sim, False
         # Per-query top b_h by (score desc, id asc), within the remaining budget.
-        # ukeys are sorted by (query, node), so a stable sort on (query, -score) breaks ties by id.
-        rank_order = np.argsort((uq << 32) | _descending_bits(score), kind="stable")
-        rank = _group_rank(uq[rank_order])
         limit = np.minimum(cfg.keep_per_hop[h - 1], cfg.budget - sel_count)
-        chosen = rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
+        if screen is not None and h == cfg.hops:
+            # Last hop: nothing is carried, so a candidate that cannot reach the top b_h needs no cosine.
+            usim, score, chosen = _screened_top(
+                node_features, screen, query_features, uq, unode, usim, new, best_edge, w1, limit, clock
+            )
+        else:
+            usim[new] = node_query_cosines(node_features, unode[new], query_features, uq[new])
+            clock("node cosines")
+            score = w1 * usim + best_edge
+            chosen = _top_per_query(uq, score, limit, num_q)
         sel_q.append(uq[chosen]), sel_node.append(unode[chosen])
         sel_hop.append(np.full(len(chosen), h, np.int8)), sel_score.append(score[chosen]), sel_sim.append(usim[chosen])
         sel_count += np.bincount(uq[chosen], minlength=num_q)
@@ -345,7 +519,7 @@ def expand_batch(
             # candidate passed over at hop h would outrank every hop h+1 candidate: it is not carried.
             src_trie = best_trie[chosen]
             sel_trie.append(src_trie)
-        else:
+        elif h < cfg.hops:  # after the last hop nothing is carried
             rest = np.ones(len(ukeys), dtype=bool)
             rest[chosen] = False
             carry_keys, carry_edge, carry_sim = ukeys[rest], best_edge[rest], usim[rest]
@@ -382,20 +556,19 @@ def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_
     sorted_keys, sorted_local = sel_keys[key_order], local[key_order]
     heavy = graph.is_heavy(nodes)
 
-    # Light nodes: scan their slices.
+    # Light nodes: scan their slices. A bitmap of the batch's selected nodes rejects most entries
+    # first, so everything after it (relations, keys, binary search) runs on the few that remain.
     light = np.flatnonzero(~heavy)
     start = graph.indptr[nodes[light]]
     pos, owner = _ranges(start, graph.indptr[nodes[light] + 1] - start)
+    in_batch = np.zeros(n, dtype=bool)
+    in_batch[nodes] = True
+    maybe = np.flatnonzero(in_batch[graph.neighbors[pos]])
+    pos, owner = pos[maybe], owner[maybe]
     nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
     rel = np.asarray(graph.relations[pos], dtype=np.int64)
     eq = query[light][owner]
-    # A bitmap of the batch's selected nodes rejects most entries before the binary search.
-    in_batch = np.zeros(n, dtype=bool)
-    in_batch[nodes] = True
-    maybe = np.flatnonzero(in_batch[nbr])
-    found = np.zeros(len(nbr), dtype=bool)
-    where = np.zeros(len(nbr), dtype=np.int64)
-    found[maybe], where[maybe] = _lookup(sorted_keys, eq[maybe] * n + nbr[maybe])
+    found, where = _lookup(sorted_keys, eq * n + nbr)
     other_local = sorted_local[where]
     out_edge = found & (rel < num_rel)
     in_from_heavy = found & (rel >= num_rel) & graph.is_heavy(nbr)
@@ -424,11 +597,19 @@ def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_
 
     eq, src, dst, rel = (np.concatenate([p[i] for p in parts]) for i in range(4))
     # One row per distinct (query, src, dst, relation), sorted: duplicate KG edges collapse.
-    order = np.lexsort((rel, dst, src, eq))
-    eq, src, dst, rel = eq[order], src[order], dst[order], rel[order]
-    first = np.ones(len(eq), dtype=bool)
-    first[1:] = (np.diff(eq) != 0) | (np.diff(src) != 0) | (np.diff(dst) != 0) | (np.diff(rel) != 0)
-    eq, src, dst, rel = eq[first], src[first], dst[first], rel[first]
+    local_bits = _bits(int(np.diff(node_ptr).max(initial=0)))
+    widths = [_bits(num_q), local_bits, local_bits, _bits(num_rel)]
+    packed = _packed_order(list(zip((eq, src, dst, rel), widths)))
+    if packed is not None:
+        packed = packed[np.append(True, packed[1:] != packed[:-1])[: len(packed)]]  # sorted: drop repeats
+        shifts = np.cumsum(widths[::-1])[::-1] - widths  # where each field starts, from the right
+        eq, src, dst, rel = ((packed >> int(shift)) & ((1 << bits) - 1) for shift, bits in zip(shifts, widths))
+    else:
+        order = np.lexsort((rel, dst, src, eq))
+        eq, src, dst, rel = eq[order], src[order], dst[order], rel[order]
+        first = np.ones(len(eq), dtype=bool)
+        first[1:] = (np.diff(eq) != 0) | (np.diff(src) != 0) | (np.diff(dst) != 0) | (np.diff(rel) != 0)
+        eq, src, dst, rel = eq[first], src[first], dst[first], rel[first]
     return {
         "edge_ptr": _offsets(np.bincount(eq, minlength=num_q)),
         "edge_src": src.astype(np.int32),
@@ -452,6 +633,7 @@ def expand_queries(
     graph: GraphIndex | None = None,
     progress=None,
     prior=None,
+    screen: FeatureScreen | None = None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
@@ -459,7 +641,9 @@ def expand_queries(
     from the features (``seed_scores`` may hold NaN for entity-linked seeds; it is not trusted).
     Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
     batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
-    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``.
+    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``. A ``screen``
+    (``FeatureScreen.build(node_features)``, a quarter of the features' memory) makes the last hop
+    read fewer feature rows; the subgraphs are the same with or without it.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -491,7 +675,7 @@ def expand_queries(
             (terms, ends), children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
         chunks.append(
             expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
-                         path_terms=terms, trie_children=children, end_terms=ends)
+                         path_terms=terms, trie_children=children, end_terms=ends, screen=screen)
         )
         if progress is not None:
             progress(hi)

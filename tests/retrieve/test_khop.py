@@ -170,3 +170,54 @@ def test_no_queries_and_no_seeds(random_graph):
     assert len(empty) == 0 and empty.node_ptr.tolist() == [0] and empty.edge_ptr.tolist() == [0]
     none = run(kg, nf, rf, normalised(rng, 2, 8), np.full((2, 3), -1), ExpandConfig())
     assert none.sizes.tolist() == [0, 0] and len(none.edge_src) == 0
+
+
+@pytest.mark.parametrize("parent_term", ["similarity", "score"])
+def test_packed_sorts_equal_the_long_way_with_ties(random_graph, monkeypatch, parent_term):
+    """The packed-key sorts (max per node, top b_h, induced edges) select exactly what the lexsort /
+    stable-argsort fallback selects, in the same order, when many scores tie exactly."""
+    import seeder.retrieve.khop as khop
+
+    kg, _, rng = random_graph
+    # Few distinct feature rows and relation rows: many candidates share their score exactly, so the
+    # order rests on the id tie-break.
+    nf = normalised(rng, 4, 8)[rng.integers(0, 4, kg.num_nodes)]
+    rf = normalised(rng, 2, 8)[rng.integers(0, 2, 2 * kg.num_relations)]
+    qf = normalised(rng, 9, 8)
+    seeds = rng.integers(0, kg.num_nodes, (9, 3))
+    cfg = ExpandConfig(budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term)
+    fast = run(kg, nf, rf, qf, seeds, cfg)
+    assert len(np.unique(fast.score)) < 0.6 * len(fast.score)  # ties really happen
+    monkeypatch.setattr(khop, "_packed_order", lambda fields: None)
+    slow = run(kg, nf, rf, qf, seeds, cfg)
+    for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+
+
+def test_descending_bits_round_trip():
+    from seeder.retrieve.khop import _descending_bits, _from_descending_bits
+
+    values = np.array([0.5, -0.5, 0.0, 1.0, -1.0, 1e-30, -1e-30, 3.4e38, -3.4e38], np.float32)
+    np.testing.assert_array_equal(_from_descending_bits(_descending_bits(values)), values)
+
+
+@pytest.mark.parametrize("hops", [[6, 9], [3, 5, 30]])
+def test_feature_screen_gives_the_same_subgraphs(random_graph, hops):
+    """The last hop's bound (FeatureScreen) skips candidates but never changes the result, ties included."""
+    from seeder.retrieve.khop import FeatureScreen
+
+    kg, _, rng = random_graph
+    nf = normalised(rng, kg.num_nodes, 16)
+    nf[::3] = nf[1::3][: len(nf[::3])]  # a third of the nodes share another's features: exact ties
+    rf = normalised(rng, 2 * kg.num_relations, 16)
+    qf = normalised(rng, 11, 16)
+    seeds = rng.integers(0, kg.num_nodes, (11, 3))
+    seeds[3] = [5, 9, -1]  # the hubs: their samples go through the shared product
+    cfg = ExpandConfig(budget=30, hops=len(hops), keep_per_hop=hops, batch_queries=4)
+    exact = run(kg, nf, rf, qf, seeds, cfg)
+    screen = FeatureScreen.build(nf, chunk=7)
+    estimate, radius = screen.cosine_bounds(np.arange(kg.num_nodes), qf[[0]], np.zeros(kg.num_nodes, np.int64))
+    assert (np.abs(estimate - nf @ qf[0]) <= radius).all()
+    screened = run(kg, nf, rf, qf, seeds, cfg, screen=screen)
+    for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
+        np.testing.assert_array_equal(getattr(screened, name), getattr(exact, name), err_msg=name)
