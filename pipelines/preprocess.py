@@ -196,14 +196,15 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
     def stage_run(name, body, items, unit, detail):
         stage = pp.StageDir(out, name, fps[name])
         start = time.perf_counter()
-        done = stage.reusable(echo=lambda line: print(line, flush=True))
-        verify_seconds = time.perf_counter() - start
         if recomputed:
             # Its inputs were just computed again: nothing of this stage kept from before is trusted.
-            if done is not None:
+            if stage.complete_manifest() is not None:
                 print(f"{name}: recomputing, since {recomputed[-1]} was recomputed in this run", flush=True)
             done = None
             stage.discard_partial()
+        else:
+            done = stage.reusable(echo=lambda line: print(line, flush=True))  # checksums of every file
+        verify_seconds = time.perf_counter() - start
         if done is None:
             start = time.perf_counter()
             info = body(stage)

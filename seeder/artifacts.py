@@ -20,6 +20,13 @@ Layout of an artifacts directory (each stage directory is complete only once its
     summary.json             run summary: per-stage time and throughput, subgraph ceilings
 
 Stores ids, never copies of embeddings: the trainer gathers features from ``node.npy``.
+
+Every stage's ``manifest.json`` records the files it wrote (``files``: bytes, rows, xxh3 checksum;
+``seeder.io.file_records``). A preprocessing rerun checks the checksums and recomputes a stage whose
+files are missing or damaged, naming them; ``open_artifacts`` checks that the readers' stages' files
+exist with their recorded sizes (no reading) and raises a DataError naming the file and the rerun
+command. The top-level manifest records the dataset's fingerprint: a dataset rewritten since is an
+error naming both fingerprints (``accept_mismatch`` / ``--accept-mismatch`` makes it a warning).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import ConfigError, SeederConfig, to_dict
-from seeder.io import (DataError, file_records, fingerprint_file, fingerprint_json, now, read_manifest, verify_outputs,
+from seeder.io import (DataError, checksum_matches, file_records, fingerprint_json, now, read_manifest, verify_outputs,
                        write_manifest)
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
@@ -226,8 +226,7 @@ class StageDir:
             self.partial.mkdir(parents=True)
             for rel, entry in records.items():
                 path = trash / rel
-                if not path.is_file() or path.stat().st_size != entry.get("bytes") or \
-                        (entry.get("sha256") and fingerprint_file(path) != entry["sha256"]):
+                if not path.is_file() or path.stat().st_size != entry.get("bytes") or not checksum_matches(path, entry)[0]:
                     continue
                 (self.partial / rel).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, self.partial / rel)

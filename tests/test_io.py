@@ -146,7 +146,7 @@ def _stage_dir(tmp_path):
 
 
 def test_file_records_list_every_output_with_bytes_rows_and_checksum(tmp_path):
-    from seeder.io import file_records, fingerprint_file
+    from seeder.io import checksum_file, file_records
 
     directory = _stage_dir(tmp_path)
     records = file_records(directory)
@@ -154,8 +154,8 @@ def test_file_records_list_every_output_with_bytes_rows_and_checksum(tmp_path):
     assert records["node.npy"]["rows"] == 7 and records["part-000000.parquet"]["rows"] == 3
     assert records["nested/info.json"]["rows"] is None
     assert records["node.npy"]["bytes"] == (directory / "node.npy").stat().st_size
-    assert records["node.npy"]["sha256"] == fingerprint_file(directory / "node.npy")
-    assert "sha256" not in file_records(directory, checksum=False)["node.npy"]
+    assert records["node.npy"]["xxh3"] == checksum_file(directory / "node.npy")
+    assert "xxh3" not in file_records(directory, checksum=False)["node.npy"]
 
 
 def test_verify_outputs_names_each_missing_truncated_damaged_or_stray_file(tmp_path):
