@@ -197,17 +197,30 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
     ray = None
     total_start = time.perf_counter()
 
+    recomputed = []  # stages computed in this run: the stages after them are computed again too
+
     def stage_run(name, body, items, unit, detail):
         stage = pp.StageDir(out, name, fps[name])
-        done = stage.complete_manifest()
+        start = time.perf_counter()
+        if recomputed:
+            # Its inputs were just computed again: nothing of this stage kept from before is trusted.
+            if stage.complete_manifest() is not None:
+                print(f"{name}: recomputing, since {recomputed[-1]} was recomputed in this run", flush=True)
+            done = None
+            stage.discard_partial()
+        else:
+            done = stage.reusable(echo=lambda line: print(line, flush=True))  # checksums of every file
+        verify_seconds = time.perf_counter() - start
         if done is None:
             start = time.perf_counter()
             info = body(stage)
             done = stage.commit({"seconds": time.perf_counter() - start, "info": info})
             skipped = False
+            recomputed.append(name)
         else:
             skipped = True
-        timer.record(name, done["seconds"], items, unit, detail, skipped=skipped, info=done.get("info", {}))
+        timer.record(name, done["seconds"], items, unit, detail, skipped=skipped, info=done.get("info", {}),
+                     verify_seconds=round(verify_seconds, 4), record_seconds=done.get("record_seconds"))
         manifest["stages"][name] = {"fingerprint": fps[name], "skipped": skipped, "seconds": done["seconds"]}
         write_manifest(out, manifest)
 

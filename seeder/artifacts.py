@@ -20,6 +20,13 @@ Layout of an artifacts directory (each stage directory is complete only once its
     summary.json             run summary: per-stage time and throughput, subgraph ceilings
 
 Stores ids, never copies of embeddings: the trainer gathers features from ``node.npy``.
+
+Every stage's ``manifest.json`` records the files it wrote (``files``: bytes, rows, xxh3 checksum;
+``seeder.io.file_records``). A preprocessing rerun checks the checksums and recomputes a stage whose
+files are missing or damaged, naming them; ``open_artifacts`` checks that the readers' stages' files
+exist with their recorded sizes (no reading) and raises a DataError naming the file and the rerun
+command. The top-level manifest records the dataset's fingerprint: a dataset rewritten since is an
+error naming both fingerprints (``accept_mismatch`` / ``--accept-mismatch`` makes it a warning).
 """
 
 from __future__ import annotations
@@ -34,23 +41,77 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, from_dict
-from seeder.io import DataError, read_manifest
+from seeder.io import DataError, fingerprint_json, read_manifest, verify_outputs
 from seeder.storage import fetch
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
+
+# Stages a reader of artifacts opens (training, evaluation, retrieval): ``open_artifacts`` checks their
+# files. The embed and paths stages are read by later preprocessing stages only.
+READ_STAGES = ("features", "seeds", "prior", "subgraphs")
+
+
+class FingerprintMismatch(DataError):
+    """Artifacts and the dataset (or a model and the artifacts) do not belong together."""
+
+
+def warn_mismatch(message: str) -> None:
+    """A mismatch the user accepted explicitly (``accept_mismatch`` / ``--accept-mismatch``)."""
+    import warnings
+
+    warnings.warn(f"{message} (accepted: --accept-mismatch)", UserWarning, stacklevel=3)
+
 
 @dataclass
 class Artifacts:
     path: Path
     manifest: dict[str, Any]
+    accept_mismatch: bool = False  # a dataset whose fingerprint differs is a warning, not an error
 
     @cached_property
     def config(self) -> SeederConfig:
         return from_dict(SeederConfig, self.manifest["config"])
 
+    @property
+    def fingerprint(self) -> str | None:
+        """One fingerprint of what the artifacts are: their stage fingerprints (dataset, config) together."""
+        stages = self.manifest.get("fingerprints")
+        return fingerprint_json(stages) if stages else None
+
+    @property
+    def dataset_fingerprint(self) -> str | None:
+        return self.manifest.get("dataset_fingerprint")
+
+    def rerun_hint(self) -> str:
+        return f"rerun `python pipelines/preprocess.py --dataset {self.manifest.get('dataset')} --out {self.path}`"
+
     @cached_property
     def dataset(self) -> KnowledgeGraph:
-        return open_dataset(self.manifest["dataset"])
+        kg = open_dataset(self.manifest["dataset"])
+        recorded = self.dataset_fingerprint
+        if recorded and kg.fingerprint != recorded:
+            message = (f"{self.path}: built from dataset fingerprint {recorded}, but the dataset at "
+                       f"{self.manifest['dataset']} now has fingerprint {kg.fingerprint} (it was rewritten since); "
+                       f"{self.rerun_hint()} to rebuild the artifacts, or pass --accept-mismatch to use them anyway")
+            if not self.accept_mismatch:
+                raise FingerprintMismatch(message)
+            warn_mismatch(message)
+        return kg
+
+    def verify(self, stages: tuple[str, ...] = READ_STAGES) -> None:
+        """Cheap check (existence and sizes, no reading) of the files the stages' manifests record; a
+        DataError names the first files that differ and the fix. Stages whose manifests record no files
+        (written by an older seeder) are not checked."""
+        problems = []
+        for stage in stages:
+            manifest = read_manifest(self.path / stage)
+            if manifest is None or not isinstance(manifest.get("files"), dict):
+                continue
+            problems += [f"{self.path}/{line}" for line in verify_outputs(self.path / stage, manifest, deep=False)]
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise DataError(f"{'; '.join(problems[:3])}{more}: the artifacts are damaged or incomplete; "
+                            f"{self.rerun_hint()} to recompute what is missing")
 
     def _require(self, stage: str) -> Path:
         directory = self.path / stage
@@ -110,8 +171,11 @@ def read_seed_table(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return table.column("query_id").to_numpy(), seeds, scores
 
 
-def open_artifacts(path: str | Path) -> Artifacts:
-    """Open an artifacts directory or URI (fetched first, ``seeder.storage``); its dataset may be a URI too."""
+def open_artifacts(path: str | Path, verify: bool = True, accept_mismatch: bool = False) -> Artifacts:
+    """Open an artifacts directory or URI (fetched first, ``seeder.storage``); its dataset may be a URI too.
+
+    ``verify``: check the files the readers' stages recorded (``Artifacts.verify``: sizes, cheap) first.
+    ``accept_mismatch``: a dataset rewritten since the artifacts were built is a warning, not an error."""
     path = fetch(path)
     manifest = read_manifest(path)
     if manifest is None:
@@ -129,4 +193,7 @@ def open_artifacts(path: str | Path) -> Artifacts:
             f"{path}: its manifest.json has no {' or '.join(missing)}, so it is not an artifacts directory (kind "
             f"{manifest.get('kind', 'unknown')!r}); give the --out of pipelines/preprocess.py"
         )
-    return Artifacts(path=path, manifest=manifest)
+    artifacts = Artifacts(path=path, manifest=manifest, accept_mismatch=accept_mismatch)
+    if verify:
+        artifacts.verify()
+    return artifacts

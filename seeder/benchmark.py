@@ -635,7 +635,8 @@ def run(args: argparse.Namespace, ray_ranker: Callable[..., dict[str, tuple[Retr
     methods = resolve_methods(args.methods, args.model)
     out = Path(args.out or Path("runs") / "benchmark" / f"{basename(args.artifacts)}-{args.split}")
     check_replaceable(out, overwrite=True, marker=REPORT_MARKER)  # before the work, not after it
-    artifacts = open_artifacts(args.artifacts)
+    artifacts = open_artifacts(args.artifacts, accept_mismatch=getattr(args, "accept_mismatch", False))
+    artifacts.dataset  # noqa: B018 -- a dataset rewritten since preprocessing fails here, before any ranking
     config = artifacts.config
     if args.overrides:
         config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
@@ -675,6 +676,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-queries", type=int, default=200, help="sampled queries of the budget plot")
     parser.add_argument("--seed", type=int, default=0, help="seed of the query samples")
     parser.add_argument("--experiment", default="benchmark", help="MLflow experiment ('none' skips logging)")
+    from seeder.retriever import add_accept_mismatch_argument
+
+    add_accept_mismatch_argument(parser)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
 
 

@@ -46,7 +46,8 @@ class ModelInfo:
 
     config: SeederConfig
     feature_dim: int
-    artifacts: dict[str, Any] = field(default_factory=dict)  # {"path": ..., "fingerprints": {...}}
+    # {"path": ..., "fingerprint": ..., "dataset_fingerprint": ..., "fingerprints": {stage: ...}}
+    artifacts: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -64,7 +65,12 @@ def artifacts_record(artifacts) -> dict[str, Any]:
     if artifacts is None:
         return {}
     # Absolute, so that the model loads from any working directory (an MLflow server's, a Ray worker's).
-    return {"path": str(Path(artifacts.path).resolve()), "fingerprints": dict(artifacts.manifest.get("fingerprints", {}))}
+    record = {"path": str(Path(artifacts.path).resolve()), "fingerprints": dict(artifacts.manifest.get("fingerprints", {}))}
+    if getattr(artifacts, "fingerprint", None):
+        record["fingerprint"] = artifacts.fingerprint
+    if artifacts.manifest.get("dataset_fingerprint"):
+        record["dataset_fingerprint"] = artifacts.manifest["dataset_fingerprint"]
+    return record
 
 
 def _write_atomic(path: Path, write) -> None:

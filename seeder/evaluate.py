@@ -140,7 +140,8 @@ def _command(args: argparse.Namespace) -> int:
     from seeder.artifacts import open_artifacts
 
     methods = resolve_methods(args.methods, args.model)
-    artifacts = open_artifacts(args.artifacts)
+    artifacts = open_artifacts(args.artifacts, accept_mismatch=args.accept_mismatch)
+    artifacts.dataset  # noqa: B018 -- a dataset rewritten since preprocessing fails here, before any ranking
     config = artifacts.config
     if args.overrides:
         config = from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(args.overrides)))
@@ -171,5 +172,8 @@ def register(subparsers) -> None:
     parser.add_argument("--by", action="append", help="query attribute to break results down by (repeatable; "
                         "default: hop, else a question-type attribute with few values)")
     parser.add_argument("--model", help="trained model checkpoint, for methods that need one (e.g. seeder)")
+    from seeder.retriever import add_accept_mismatch_argument
+
+    add_accept_mismatch_argument(parser)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
     parser.set_defaults(func=_command)

@@ -44,6 +44,116 @@ def fingerprint_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()[:16]
 
 
+CHECKSUM = "xxh3"  # the key of a file record's checksum: xxh3_64, hex (several GB/s, so verifying is cheap)
+
+
+def checksum_file(path: str | Path, chunk: int = 1 << 23) -> str:
+    """A fast checksum of a file's bytes (xxh3_64, hex): detects damaged or rewritten outputs. Not a
+    fingerprint of content identity across tools (that is ``fingerprint_file``, sha256)."""
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksum_matches(path: Path, entry: dict[str, Any]) -> tuple[bool, str, str]:
+    """(matches, found, recorded) for a file record's checksum; a record without one matches."""
+    if entry.get(CHECKSUM):
+        found = checksum_file(path)
+        return found == entry[CHECKSUM], found, entry[CHECKSUM]
+    if entry.get("sha256"):
+        found = fingerprint_file(path)
+        return found == entry["sha256"], found, entry["sha256"]
+    return True, "", ""
+
+
+def _rows(path: Path) -> int | None:
+    """Rows of a Parquet file (its footer) or an ``.npy`` array (its header): cheap, no data read."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        if path.suffix == ".npy":
+            import numpy as np
+
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape = read(fh)[0]
+            return int(shape[0]) if shape else 1
+    except Exception:  # unreadable: the checksum and the size still record it
+        return None
+    return None
+
+
+def _data_files(directory: Path) -> list[Path]:
+    """The files a stage wrote: everything under ``directory`` except its manifest and hidden names
+    (temporary files, the partial-directory key)."""
+    out = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory)
+        if path.is_file() and rel.as_posix() != MANIFEST and not any(part.startswith(".") for part in rel.parts):
+            out.append(path)
+    return out
+
+
+def file_records(directory: str | Path, checksum: bool = True) -> dict[str, dict[str, Any]]:
+    """What ``directory`` holds, for its manifest: ``{relative path: {"bytes", "xxh3", "rows"}}``.
+
+    ``xxh3`` is the file's checksum (``checksum_file``; left out when ``checksum`` is false), ``rows``
+    the row count of a Parquet file or ``.npy`` array (None for others).
+    """
+    directory = Path(directory)
+    records = {}
+    for path in _data_files(directory):
+        entry: dict[str, Any] = {"bytes": path.stat().st_size, "rows": _rows(path)}
+        if checksum:
+            entry[CHECKSUM] = checksum_file(path)
+        records[path.relative_to(directory).as_posix()] = entry
+    return records
+
+
+def verify_outputs(directory: str | Path, manifest: dict[str, Any], deep: bool = False,
+                   prefix: str | None = None) -> list[str]:
+    """Problems of ``directory`` against the files its ``manifest`` records (``file_records``), one
+    line each, e.g. ``subgraphs/part-000003.parquet: missing``; empty when everything matches.
+
+    Cheap (``deep=False``): every recorded file exists with its recorded size and no other data file
+    is there (a few ``stat`` calls). Deep: also each file's checksum (reads every byte). Lines name files as ``prefix/relative`` (``prefix``
+    defaults to the directory's name). A manifest without records gets one line saying so.
+    """
+    directory = Path(directory)
+    prefix = directory.name if prefix is None else prefix
+    name = (lambda rel: f"{prefix}/{rel}") if prefix else (lambda rel: rel)
+    records = manifest.get("files")
+    if not isinstance(records, dict):
+        return [f"{name(MANIFEST)}: records no files (written before seeder verified its outputs)"]
+    problems = []
+    for rel, entry in sorted(records.items()):
+        path = directory / rel
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{name(rel)}: missing")
+            continue
+        if size != entry.get("bytes"):
+            problems.append(f"{name(rel)}: size {size} != recorded {entry.get('bytes')} bytes")
+        elif deep:
+            same, found, recorded = checksum_matches(path, entry)
+            if not same:
+                problems.append(f"{name(rel)}: checksum {found} != recorded {recorded} (damaged)")
+    if directory.is_dir():
+        for path in _data_files(directory):
+            rel = path.relative_to(directory).as_posix()
+            if rel not in records:
+                problems.append(f"{name(rel)}: not recorded in its manifest (a stray file)")
+    return problems
+
+
 def fingerprint_json(obj: Any) -> str:
     """Stable fingerprint of a JSON-serialisable object (configs, lists of input fingerprints)."""
     data = json.dumps(obj, sort_keys=True, default=str).encode()

@@ -37,7 +37,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import ConfigError, SeederConfig, to_dict
-from seeder.io import DataError, fingerprint_json, now, read_manifest, write_manifest
+from seeder.io import (DataError, checksum_matches, file_records, fingerprint_json, now, read_manifest, verify_outputs,
+                       write_manifest)
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 from seeder.artifacts import read_seed_table
@@ -145,6 +146,7 @@ class StageDir:
     root: Path
     name: str
     fingerprint: str
+    layout: dict[str, Any] = field(default_factory=dict)  # the shard layout of the last open()
 
     @property
     def target(self) -> Path:
@@ -163,7 +165,8 @@ class StageDir:
     def open(self, layout: dict[str, Any] | None = None) -> Path:
         """The working directory: kept from an interrupted run with the same fingerprint and shard
         layout (its finished shards are reused), otherwise started afresh."""
-        key = {"fingerprint": self.fingerprint, "layout": layout or {}}
+        self.layout = dict(layout or {})
+        key = {"fingerprint": self.fingerprint, "layout": self.layout}
         key_file = self.partial / "partial.json"
         if self.partial.exists():
             try:
@@ -177,12 +180,65 @@ class StageDir:
             key_file.write_text(json.dumps(key))
         return self.partial
 
+    def verify(self, manifest: dict[str, Any]) -> list[str]:
+        """Problems of the complete stage directory against its manifest's file records, checksums
+        included (``seeder.io.verify_outputs``); empty when every file is as the stage wrote it."""
+        return verify_outputs(self.target, manifest, deep=True, prefix=self.name)
+
+    def reusable(self, echo: Callable[[str], None] = print) -> dict[str, Any] | None:
+        """The stage's manifest when it is complete, has this fingerprint and its files verify;
+        otherwise None. A complete stage whose files do not verify is reported (``echo``, one line
+        per file and why) and turned back into a working directory that keeps its intact files (its
+        shards), so that the rerun computes only what is missing."""
+        manifest = self.complete_manifest()
+        if manifest is None:
+            return None
+        problems = self.verify(manifest)
+        if not problems:
+            return manifest
+        for line in problems[:20]:
+            echo(f"{self.name}: {line}")
+        if len(problems) > 20:
+            echo(f"{self.name}: ... and {len(problems) - 20} more")
+        echo(f"{self.name}: outputs do not match its manifest; recomputing {self.name} and the stages after it")
+        self.salvage(manifest)
+        return None
+
+    def salvage(self, manifest: dict[str, Any]) -> None:
+        """Move a damaged complete stage back to its working directory, keeping only the files that
+        match their records (checksums), so that its shards are reused like those of a killed run."""
+        records = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+        shutil.rmtree(self.partial, ignore_errors=True)
+        trash = self.root / f".{self.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(self.target, trash)
+        try:
+            self.partial.mkdir(parents=True)
+            for rel, entry in records.items():
+                path = trash / rel
+                if not path.is_file() or path.stat().st_size != entry.get("bytes") or not checksum_matches(path, entry)[0]:
+                    continue
+                (self.partial / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, self.partial / rel)
+            key = {"fingerprint": self.fingerprint, "layout": manifest.get("layout", {})}
+            (self.partial / "partial.json").write_text(json.dumps(key))
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def discard_partial(self) -> None:
+        """Drop a working directory kept from an earlier run (its inputs were recomputed since)."""
+        shutil.rmtree(self.partial, ignore_errors=True)
+
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Write the manifest last, then swap the working directory into place."""
-        manifest = {"stage": self.name, "fingerprint": self.fingerprint, "completed": now(), **manifest}
+        """Record the files written (sizes, rows, checksums), write the manifest last, then swap the
+        working directory into place."""
+        manifest = {"stage": self.name, "fingerprint": self.fingerprint, "completed": now(), "layout": self.layout,
+                    **manifest}
         (self.partial / "partial.json").unlink(missing_ok=True)
         for stray in self.partial.rglob(".*.tmp-*"):
             stray.unlink()
+        start = time.perf_counter()
+        manifest["files"] = file_records(self.partial)
+        manifest["record_seconds"] = round(time.perf_counter() - start, 4)
         write_manifest(self.partial, manifest)
         if self.target.exists():
             trash = self.root / f".{self.name}.old-{uuid.uuid4().hex[:8]}"

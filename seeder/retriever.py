@@ -86,10 +86,12 @@ class Retriever:
 
     @classmethod
     def load(cls, model: str | Path, artifacts: str | Path | None = None, device: str = "cpu",
-             config: SeederConfig | None = None) -> "Retriever":
+             config: SeederConfig | None = None, accept_mismatch: bool = False) -> "Retriever":
         """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
-        defaults to the ones the model was trained on; other artifacts must have the same features
-        (embed and reduce) or loading fails."""
+        defaults to the ones the model was trained on; other artifacts must come from the same dataset
+        with the same features (embed and reduce), and artifacts must match the dataset they were built
+        from, or loading fails naming both fingerprints. ``accept_mismatch=True`` turns those errors
+        into warnings (a feature width that differs stays an error: the model cannot run on it)."""
         from seeder.artifacts import open_artifacts
         from seeder.checkpoint import load_model, locate
 
@@ -97,8 +99,8 @@ class Retriever:
         where = artifacts or info.artifacts.get("path")
         if not where:
             raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
-        opened = open_artifacts(where)
-        check_compatible(info, opened, str(model))
+        opened = open_artifacts(where, accept_mismatch=accept_mismatch)
+        check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
         return cls(policy, info, opened, device=device, config=config)
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
@@ -237,19 +239,34 @@ class Retriever:
         return [(str(names[h]), str(relation_names[r]), str(names[t])) for h, t, r in zip(heads.tolist(), tails.tolist(), rels.tolist())]
 
 
-def check_compatible(info, artifacts, model: str) -> None:
+def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False) -> None:
     """A model only runs on artifacts with its features: same width, and when the model recorded them,
-    the same feature-stage fingerprint (same graph, encoder and PCA)."""
+    the same dataset and feature-stage fingerprints (same graph, encoder and PCA). A fingerprint that
+    differs is an error naming both, or a warning with ``accept_mismatch``."""
+    from seeder.artifacts import FingerprintMismatch, warn_mismatch
+
     dim = int(artifacts.node_features.shape[1])
     if info.feature_dim != dim:
         raise DataError(f"model {model} was trained on {info.feature_dim}-dim features but {artifacts.path} has {dim}; "
                         "use artifacts built with the same embed/reduce settings")
-    trained = (info.artifacts.get("fingerprints") or {}).get("features")
-    current = artifacts.manifest.get("fingerprints", {}).get("features")
+    record = info.artifacts or {}
+    stages = artifacts.manifest.get("fingerprints") or {}
+    differ = []
+    trained, current = record.get("dataset_fingerprint"), artifacts.manifest.get("dataset_fingerprint")
     if trained and current and trained != current:
-        raise DataError(f"model {model} was trained on artifacts whose features stage has fingerprint {trained}, but "
-                        f"{artifacts.path} has {current} (another graph, encoder or PCA); use the artifacts it was "
-                        f"trained on ({info.artifacts.get('path')}) or retrain")
+        differ.append(f"dataset fingerprint {trained} != {current}")
+    trained, current = (record.get("fingerprints") or {}).get("features"), stages.get("features")
+    if trained and current and trained != current:
+        differ.append(f"features fingerprint {trained} != {current}")
+    if not differ:
+        return
+    message = (f"model {model} was trained on artifacts {record.get('path')} (fingerprint {record.get('fingerprint', '?')}), "
+               f"but {artifacts.path} has fingerprint {artifacts.fingerprint or '?'}: {', '.join(differ)} (another graph, "
+               f"encoder or PCA); use the artifacts it was trained on, retrain, or pass --accept-mismatch "
+               f"(accept_mismatch=True) to run it anyway")
+    if not accept_mismatch:
+        raise FingerprintMismatch(message)
+    warn_mismatch(message)
 
 
 # -- the `seeder retrieve` command ----------------------------------------------------------------------
@@ -315,7 +332,8 @@ def _retrieve_command(args) -> int:
         raise DataError("the question is empty; give a question with words in it, or --file FILE")
     if bool(args.question) == bool(args.file):
         raise DataError("give one question, or --file FILE with one question per line")
-    retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device)
+    retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device,
+                               accept_mismatch=args.accept_mismatch)
     questions = [args.question] if args.question else _read_questions(args.file)
     hits = []
     for lo in range(0, len(questions), args.batch_size):
@@ -349,4 +367,11 @@ def register(subparsers) -> None:
     parser.add_argument("-k", type=positive_int, default=10, help="nodes per question (default 10)")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched pass (default 256)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
+    add_accept_mismatch_argument(parser)
     parser.set_defaults(func=_retrieve_command)
+
+
+def add_accept_mismatch_argument(parser) -> None:
+    parser.add_argument("--accept-mismatch", action="store_true",
+                        help="use artifacts whose dataset, or a model whose artifacts, have another fingerprint "
+                        "(a warning instead of an error)")

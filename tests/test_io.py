@@ -126,3 +126,59 @@ def test_the_lock_excludes_a_second_descriptor_and_other_threads_but_not_its_own
         assert errors and f"pid {os.getpid()}" in errors[0]
         write_dataset(out, *tables())  # the holder itself may write (the lock is re-entrant in its thread)
     assert not path.exists()
+
+
+# -- file records and verification -----------------------------------------------------------------
+
+
+def _stage_dir(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory = tmp_path / "subgraphs"
+    (directory / "nested").mkdir(parents=True)
+    np.save(directory / "node.npy", np.zeros((7, 3), np.float32))
+    pq.write_table(pa.table({"x": [1, 2, 3]}), directory / "part-000000.parquet")
+    (directory / "nested" / "info.json").write_text("{}")
+    (directory / ".part-000001.parquet.tmp-1234").write_text("half")  # a writer's temporary: not an output
+    return directory
+
+
+def test_file_records_list_every_output_with_bytes_rows_and_checksum(tmp_path):
+    from seeder.io import checksum_file, file_records
+
+    directory = _stage_dir(tmp_path)
+    records = file_records(directory)
+    assert sorted(records) == ["nested/info.json", "node.npy", "part-000000.parquet"]
+    assert records["node.npy"]["rows"] == 7 and records["part-000000.parquet"]["rows"] == 3
+    assert records["nested/info.json"]["rows"] is None
+    assert records["node.npy"]["bytes"] == (directory / "node.npy").stat().st_size
+    assert records["node.npy"]["xxh3"] == checksum_file(directory / "node.npy")
+    assert "xxh3" not in file_records(directory, checksum=False)["node.npy"]
+
+
+def test_verify_outputs_names_each_missing_truncated_damaged_or_stray_file(tmp_path):
+    from seeder.io import file_records, verify_outputs
+
+    directory = _stage_dir(tmp_path)
+    manifest = {"files": file_records(directory)}
+    assert verify_outputs(directory, manifest, deep=True) == []
+    (directory / "part-000000.parquet").unlink()
+    with open(directory / "node.npy", "r+b") as fh:
+        fh.truncate(100)
+    (directory / "part-000009.parquet").write_bytes(b"stray")
+    problems = verify_outputs(directory, manifest, deep=False)
+    assert problems == [
+        f"subgraphs/node.npy: size 100 != recorded {manifest['files']['node.npy']['bytes']} bytes",
+        "subgraphs/part-000000.parquet: missing",
+        "subgraphs/part-000009.parquet: not recorded in its manifest (a stray file)",
+    ]
+    # Same size, other bytes: only the deep check (checksums) sees it.
+    (directory / "part-000009.parquet").unlink()
+    (directory / "nested" / "info.json").write_text("[]")
+    assert not any("info.json" in p for p in verify_outputs(directory, manifest, deep=False))
+    assert [p for p in verify_outputs(directory, manifest, deep=True) if "info.json" in p][0].startswith(
+        "subgraphs/nested/info.json: checksum ")
+    assert verify_outputs(directory, {}, deep=False) == [
+        "subgraphs/manifest.json: records no files (written before seeder verified its outputs)"]

@@ -25,4 +25,5 @@ def build_seeder(artifacts, config: SeederConfig, model: str | None = None) -> S
 
     if not model:
         raise DataError("method 'seeder' needs a trained model: pass --model RUN/model, runs:/ID/model or models:/NAME@ALIAS")
-    return SubgraphRanker(Retriever.load(model, artifacts=artifacts.path, config=config))
+    return SubgraphRanker(Retriever.load(model, artifacts=artifacts.path, config=config,
+                                         accept_mismatch=getattr(artifacts, "accept_mismatch", False)))

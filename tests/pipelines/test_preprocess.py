@@ -386,3 +386,135 @@ def test_preprocess_refuses_an_out_that_is_not_artifacts(tmp_path, capsys):
     assert main(["--dataset", str(dataset), "--out", str(dataset), *OVERRIDES]) == 2
     assert "not an artifacts directory" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in dataset.rglob("*") if p.is_file()} == before
+
+
+# -- verified artifacts: damaged outputs are named and recomputed, mismatches are errors ---------------
+
+
+def _damaged_copy(reference: Path, tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    shutil.copytree(reference, out)
+    return out
+
+
+def _truncate(path: Path, size: int = 100) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(size)
+
+
+def test_readers_refuse_a_missing_or_truncated_output_naming_the_file_and_the_fix(reference, tiny_dataset, tmp_path):
+    out = _damaged_copy(reference, tmp_path, "readers")
+    shard = sorted((out / "subgraphs").glob("part-*.parquet"))[2]
+    shard.unlink()
+    with pytest.raises(DataError) as err:
+        open_artifacts(out)
+    message = str(err.value)
+    assert f"{out}/subgraphs/{shard.name}: missing" in message
+    assert f"rerun `python pipelines/preprocess.py --dataset {tiny_dataset} --out {out}`" in message
+    shutil.copy(reference / "subgraphs" / shard.name, shard)
+    _truncate(out / "features" / "node.npy")
+    from seeder.cli import main
+
+    assert main(["evaluate", "--artifacts", str(out), "--method", "dense"]) == 2  # no mmap traceback
+    with pytest.raises(DataError, match=rf"{out}/features/node.npy: size 100 != recorded \d+ bytes"):
+        open_artifacts(out)
+
+
+@pytest.mark.slow
+def test_a_deleted_subgraph_shard_is_recomputed_naming_the_file(reference, tiny_dataset, tmp_path):
+    out = _damaged_copy(reference, tmp_path, "deleted-shard")
+    (out / "subgraphs" / "part-000002.parquet").unlink()
+    result = run_job(tiny_dataset, out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "subgraphs: subgraphs/part-000002.parquet: missing" in result.stdout
+    assert "subgraphs: resuming, 3 of 4 blocks kept" in result.stdout
+    assert result.stdout.count("skipped: up to date") == 3
+    _assert_same_artifacts(reference, out)
+
+
+@pytest.mark.slow
+def test_a_truncated_feature_file_recomputes_features_and_the_stages_after_it(reference, tiny_dataset, tmp_path):
+    out = _damaged_copy(reference, tmp_path, "truncated")
+    _truncate(out / "features" / "node.npy")
+    result = run_job(tiny_dataset, out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "features: features/node.npy: size 100 != recorded" in result.stdout
+    assert "seeds: recomputing, since features was recomputed in this run" in result.stdout
+    assert result.stdout.count("skipped: up to date") == 1  # embed
+    _assert_same_artifacts(reference, out)
+
+
+@pytest.mark.slow
+def test_a_deleted_embed_shard_reruns_embed(reference, tiny_dataset, tmp_path):
+    out = _damaged_copy(reference, tmp_path, "embed-shard")
+    (out / "embed" / "nodes" / "part-000001.parquet").unlink()
+    result = run_job(tiny_dataset, out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "embed: embed/nodes/part-000001.parquet: missing" in result.stdout
+    assert "embed: resuming" in result.stdout and "skipped: up to date" not in result.stdout
+    assert (out / "embed" / "nodes" / "part-000001.parquet").is_file()
+    again = run_job(tiny_dataset, out)
+    assert again.returncode == 0 and again.stdout.count("skipped: up to date") == 4
+    _assert_same_artifacts(reference, out)
+
+
+def _with_regenerated_dataset(reference: Path, tmp_path: Path) -> tuple[Path, Path, str, str]:
+    """A copy of the reference artifacts whose dataset was written again, with other content, at its path."""
+    dataset = write_tiny_dataset(tmp_path / "dataset", 40, seed=7, two_hop_answers=False, id_stride=7)
+    old = open_dataset(dataset).fingerprint
+    out = _damaged_copy(reference, tmp_path, "art")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest.update(dataset=str(dataset), dataset_fingerprint=old)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    shutil.rmtree(dataset)
+    write_tiny_dataset(dataset, 40, seed=8, two_hop_answers=False, id_stride=7)
+    return out, dataset, old, open_dataset(dataset).fingerprint
+
+
+def test_a_dataset_regenerated_under_the_artifacts_path_is_an_error_naming_both_fingerprints(reference, tmp_path, capsys):
+    from seeder.artifacts import FingerprintMismatch
+    from seeder.cli import main
+
+    out, dataset, old, new = _with_regenerated_dataset(reference, tmp_path)
+    assert old != new
+    with pytest.raises(FingerprintMismatch) as err:
+        open_artifacts(out).dataset
+    assert old in str(err.value) and new in str(err.value) and "--accept-mismatch" in str(err.value)
+    assert main(["evaluate", "--artifacts", str(out), "--method", "dense"]) == 2
+    assert f"dataset fingerprint {old}" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match=f"{old}.*{new}"):
+        assert main(["evaluate", "--artifacts", str(out), "--method", "dense", "--accept-mismatch"]) == 0
+
+
+def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(reference, tmp_path, capsys):
+    from seeder import Retriever
+    from seeder.artifacts import FingerprintMismatch
+    from seeder.checkpoint import artifacts_record
+    from seeder.cli import main
+    from seeder.preprocess import stage_fingerprints
+    from seeder.train import build_state, export_best
+
+    trained_on = open_artifacts(reference)
+    config = load_config(None, [*OVERRIDES, "model.hidden_dim=16", "model.num_layers=1"])
+    model = export_best(build_state(config, 16, 1, artifacts_record(trained_on)), tmp_path / "model")
+    assert json.loads((model / "seeder_model.json").read_text())["artifacts"]["fingerprint"] == trained_on.fingerprint
+    Retriever.load(model)  # its own artifacts
+    # Artifacts of another graph with features of the same width, as preprocessing would record them.
+    other_graph = write_tiny_dataset(tmp_path / "other", 40, seed=8, two_hop_answers=False, id_stride=7)
+    other = _damaged_copy(reference, tmp_path, "other-art")
+    manifest = json.loads((other / "manifest.json").read_text())
+    fingerprint = open_dataset(other_graph).fingerprint
+    manifest.update(dataset=str(other_graph), dataset_fingerprint=fingerprint,
+                    fingerprints=stage_fingerprints(load_config(None, OVERRIDES), fingerprint))
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    other_fp = open_artifacts(other).fingerprint
+    with pytest.raises(FingerprintMismatch) as err:
+        Retriever.load(model, artifacts=other)
+    assert trained_on.fingerprint in str(err.value) and other_fp in str(err.value)
+    with pytest.warns(UserWarning, match="accepted"):
+        Retriever.load(model, artifacts=other, accept_mismatch=True)
+    assert main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model)]) == 2
+    assert f"dataset fingerprint {trained_on.dataset_fingerprint} != {fingerprint}" in capsys.readouterr().err
+    with pytest.warns(UserWarning):
+        assert main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model),
+                     "--accept-mismatch"]) == 0

@@ -1,0 +1,63 @@
+"""Stage directories without Ray: a committed stage records its files, a rerun verifies them, and a
+damaged stage goes back to a working directory that keeps its intact shards."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from seeder.io import read_manifest
+from seeder.preprocess import StageDir, subgraph_shard_path, write_table_atomic
+
+
+def _committed(tmp_path, shards: int = 4) -> StageDir:
+    stage = StageDir(tmp_path, "subgraphs", "fp1")
+    work = stage.open({"query_block": 10})
+    for block in range(shards):
+        write_table_atomic(pa.table({"query_id": np.arange(block * 10, block * 10 + 10)}), subgraph_shard_path(work, block))
+    stage.commit({"seconds": 1.0, "info": {}})
+    return stage
+
+
+def test_commit_records_every_shard_and_the_layout(tmp_path):
+    stage = _committed(tmp_path)
+    manifest = read_manifest(stage.target)
+    assert sorted(manifest["files"]) == [f"part-{b:06d}.parquet" for b in range(4)]
+    assert all(entry["rows"] == 10 and entry["bytes"] > 0 for entry in manifest["files"].values())
+    assert manifest["layout"] == {"query_block": 10} and manifest["record_seconds"] >= 0
+    assert stage.reusable(echo=lambda line: None) == manifest
+
+
+def test_a_damaged_stage_is_reported_and_reopened_with_its_intact_shards(tmp_path):
+    stage = _committed(tmp_path)
+    size = read_manifest(stage.target)["files"]["part-000001.parquet"]["bytes"]
+    subgraph_shard_path(stage.target, 2).unlink()
+    with open(subgraph_shard_path(stage.target, 1), "r+b") as fh:
+        fh.truncate(50)
+    lines = []
+    assert stage.reusable(echo=lines.append) is None
+    assert lines == [
+        f"subgraphs: subgraphs/part-000001.parquet: size 50 != recorded {size} bytes",
+        "subgraphs: subgraphs/part-000002.parquet: missing",
+        "subgraphs: outputs do not match its manifest; recomputing subgraphs and the stages after it",
+    ]
+    assert not stage.target.exists()
+    # The working directory keeps the two intact shards under the stage's key, so open() reuses them.
+    assert sorted(p.name for p in stage.partial.glob("part-*")) == ["part-000000.parquet", "part-000003.parquet"]
+    assert stage.open({"query_block": 10}) == stage.partial
+    assert len(list(stage.partial.glob("part-*"))) == 2
+    assert json.loads((stage.partial / "partial.json").read_text()) == {"fingerprint": "fp1", "layout": {"query_block": 10}}
+
+
+def test_a_stage_without_file_records_is_recomputed(tmp_path):
+    from seeder.io import write_manifest
+
+    stage = _committed(tmp_path)
+    manifest = read_manifest(stage.target)
+    del manifest["files"]
+    write_manifest(stage.target, manifest)
+    lines = []
+    assert stage.reusable(echo=lines.append) is None
+    assert lines[0] == "subgraphs: subgraphs/manifest.json: records no files (written before seeder verified its outputs)"
