@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if any(m in NEEDS_TEXT for m in methods):
         t0 = time.perf_counter()
-        key = ("bm25", cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
-        inputs.cache[key] = BM25Index.build(inputs.node_texts, cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
+        key = ("bm25", cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
+        inputs.cache[key] = BM25Index.build(inputs.node_texts, cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
         print(f"BM25 index over {args.nodes:,} node texts: {time.perf_counter() - t0:.1f} s (once per dataset)", flush=True)
 
     def dense(batch: BaselineInputs) -> None:

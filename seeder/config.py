@@ -60,7 +60,7 @@ class Section:
     """Base of every config section: checks its choice fields when it is built."""
 
     def __post_init__(self) -> None:
-        section = type(self).__name__.removesuffix("Config").lower()
+        section = getattr(self, "section", None) or type(self).__name__.removesuffix("Config").lower()
         for name, allowed in _choice_fields(type(self)).items():
             value = getattr(self, name)
             if value not in allowed:
@@ -283,78 +283,182 @@ class EvalConfig(Section):
 
 
 @dataclass
+class EgoConfig(Section):
+    """The bounded ego graph around the dense seeds that G-Retriever, SubgraphRAG and PPR read."""
+
+    section = "baselines.ego"
+    hops: int = 2
+    """Hops of the bounded ego graph around the seeds."""
+    neighbor_cap: int = 200
+    """At most this many CSR entries of one node are followed (its first ones in CSR order), so a
+    hub costs no more than this cap (beam and A* use it too)."""
+    max_nodes: int = 1_000
+    """At most this many nodes per ego graph, seeds first, then each hop's nodes by cosine."""
+
+
+@dataclass
+class GRetrieverConfig(Section):
+    """G-Retriever: a prize-collecting Steiner tree over the ego graph (pcst_fast)."""
+
+    section = "baselines.gretriever"
+    topk_nodes: int = 3
+    """Nodes given prizes k, k-1, ..., 1 by node-query similarity."""
+    topk_edges: int = 5
+    """Distinct edge-similarity values given prizes (the rest get 0)."""
+    edge_cost: float = 0.5
+    """Cost of every edge in the prize-collecting Steiner tree."""
+    num_clusters: int = 1
+    """Connected components returned by pcst_fast."""
+    pruning: Pruning = "gw"
+    """pcst_fast pruning."""
+    prize_bonus: float = 0.1
+    """Weight of a selected node's prize added to its cosine when ranking the selected nodes."""
+
+
+@dataclass
+class SubgraphRAGConfig(Section):
+    """SubgraphRAG-style triple scoring over the ego graph."""
+
+    section = "baselines.subgraphrag"
+    weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
+    """Weights of sim(q,head), sim(q,relation), sim(q,tail) in a triple's score."""
+    top_triples: int = 100
+    """Triples kept per query; their endpoints plus the seeds are retrieved."""
+
+
+@dataclass
+class BeamConfig(Section):
+    """Beam traversal from the seeds (A* shares its transition score)."""
+
+    section = "baselines.beam"
+    width: int = 10
+    """Paths kept per query after each hop."""
+    hops: int = 2
+    """Hops from the seeds."""
+    weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 1.0])
+    """Weights of sim(q,destination), sim(q,relation) and the previous path score in a transition's
+    score (A* uses the first two, with ``astar.discount`` for the third)."""
+    hop_penalty: float = 0.1
+    """Subtracted from the path score at every hop (prefers short paths); A* too."""
+
+
+@dataclass
+class AStarConfig(Section):
+    """A*-style best-first search from the seeds."""
+
+    section = "baselines.astar"
+    budget: int = 50
+    """States expanded per query."""
+    depth: int = 3
+    """The deepest hop that is expanded further."""
+    heuristic_weight: float = 1.0
+    """Weight of the node-query cosine heuristic added to the path score."""
+    discount: float = 0.5
+    """Weight of the parent's path score in a child's (replaces the beam's third weight). 1 sums
+    transitions as classic A* does, which makes every deeper node look better and the search run
+    depth-first; on 80 MetaQA 1-hop questions (hashed features) 1 gave Hit@20 0.11, 0.5 gave 0.55."""
+
+
+@dataclass
+class PPRConfig(Section):
+    """Personalized PageRank from the seeds over the ego graph."""
+
+    section = "baselines.ppr"
+    restart: float = 0.15
+    """Restart probability."""
+    iterations: int = 20
+    """Power iterations."""
+    weight: float = 0.5
+    """Weight of normalised PPR against dense cosine in the final relevance."""
+
+
+@dataclass
+class MMRConfig(Section):
+    """PPR + maximal marginal relevance."""
+
+    section = "baselines.mmr"
+    pool: int = 250
+    """Candidates (top by PPR relevance) the greedy selection draws from."""
+    select: int = 20
+    """Nodes chosen by maximal marginal relevance."""
+    relevance: float = 0.78
+    """lambda: the weight of relevance; 1 - lambda weighs redundancy (max cosine to the chosen)."""
+
+
+@dataclass
+class BM25Config(Section):
+    """BM25 over node text (also the ``bm25`` and ``hybrid`` seed strategies)."""
+
+    section = "baselines.bm25"
+    k1: float = 1.5
+    """Term-frequency saturation k1."""
+    b: float = 0.75
+    """Length normalisation b."""
+    stopwords: str = "en"
+    """Stopword list of the tokenizer (``en``, or empty for none)."""
+
+
+@dataclass
+class HybridConfig(Section):
+    """BM25 and dense retrieval fused by reciprocal rank."""
+
+    section = "baselines.hybrid"
+    rrf_k: int = 60
+    """Reciprocal rank fusion constant (score 1 / (rrf_k + rank))."""
+    pool: int = 100
+    """Candidates taken from each of BM25 and dense before fusion."""
+
+
+@dataclass
 class BaselinesConfig(Section):
-    """The comparison suite of the paper's Table 1 (Appendix E) plus BM25 and hybrid retrieval."""
+    """The comparison suite of the paper's Table 1 (Appendix E) plus BM25 and hybrid retrieval, one
+    sub-section per method."""
 
     seeds: int = 3
     """Dense seeds (top cosine) that the ego-graph, beam, A* and PPR baselines start from."""
-    ego_hops: int = 2
-    """Hops of the bounded ego graph around the seeds (G-Retriever, SubgraphRAG, PPR)."""
-    ego_neighbor_cap: int = 200
-    """At most this many CSR entries of one node are followed (its first ones in CSR order), so a
-    hub costs no more than this cap."""
-    ego_max_nodes: int = 1_000
-    """At most this many nodes per ego graph, seeds first, then each hop's nodes by cosine."""
     block_queries: int = 256
     """Queries processed together (ego graphs batched as one disjoint union)."""
-    gretriever_topk_nodes: int = 3
-    """G-Retriever: nodes given prizes k, k-1, ..., 1 by node-query similarity."""
-    gretriever_topk_edges: int = 5
-    """G-Retriever: distinct edge-similarity values given prizes (the rest get 0)."""
-    gretriever_edge_cost: float = 0.5
-    """G-Retriever: cost of every edge in the prize-collecting Steiner tree."""
-    gretriever_num_clusters: int = 1
-    """G-Retriever: connected components returned by pcst_fast."""
-    gretriever_pruning: Pruning = "gw"
-    """G-Retriever: pcst_fast pruning (``none``, ``simple``, ``gw``, ``strong``)."""
-    gretriever_prize_bonus: float = 0.1
-    """Weight of a selected node's prize added to its cosine when ranking the selected nodes."""
-    subgraphrag_weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
-    """SubgraphRAG-style: weights of sim(q,head), sim(q,relation), sim(q,tail) in a triple's score."""
-    subgraphrag_top_triples: int = 100
-    """SubgraphRAG-style: triples kept per query; their endpoints plus the seeds are retrieved."""
-    beam_width: int = 10
-    """Beam traversal: paths kept per query after each hop."""
-    beam_hops: int = 2
-    """Beam traversal: hops from the seeds."""
-    beam_weights: list[float] = field(default_factory=lambda: [1.0, 0.5, 1.0])
-    """Beam: weights of sim(q,destination), sim(q,relation) and the previous path score in a
-    transition's score (A* uses the first two, with ``astar_discount`` for the third)."""
-    beam_hop_penalty: float = 0.1
-    """Beam and A*: subtracted from the path score at every hop (prefers short paths)."""
-    astar_budget: int = 50
-    """A*-style search: states expanded per query."""
-    astar_depth: int = 3
-    """A*-style search: the deepest hop that is expanded further."""
-    astar_heuristic_weight: float = 1.0
-    """A*-style search: weight of the node-query cosine heuristic added to the path score."""
-    astar_discount: float = 0.5
-    """A*-style search: weight of the parent's path score in a child's (replaces the beam's third
-    weight). 1 sums transitions as classic A* does, which makes every deeper node look better and
-    the search run depth-first; on 80 MetaQA 1-hop questions (hashed features) 1 gave Hit@20 0.11,
-    0.5 gave 0.55."""
-    ppr_restart: float = 0.15
-    """Personalized PageRank: restart probability."""
-    ppr_iterations: int = 20
-    """Personalized PageRank: power iterations."""
-    ppr_weight: float = 0.5
-    """Personalized PageRank: weight of normalised PPR against dense cosine in the final relevance."""
-    mmr_pool: int = 250
-    """PPR + MMR: candidates (top by PPR relevance) the greedy selection draws from."""
-    mmr_select: int = 20
-    """PPR + MMR: nodes chosen by maximal marginal relevance."""
-    mmr_lambda: float = 0.78
-    """PPR + MMR: relevance weight lambda; 1 - lambda weighs redundancy (max cosine to the chosen)."""
-    bm25_k1: float = 1.5
-    """BM25 term-frequency saturation k1."""
-    bm25_b: float = 0.75
-    """BM25 length normalisation b."""
-    bm25_stopwords: str = "en"
-    """Stopword list of the BM25 tokenizer (``en``, or empty for none)."""
-    rrf_k: int = 60
-    """Reciprocal rank fusion constant of the hybrid (score 1 / (rrf_k + rank))."""
-    hybrid_pool: int = 100
-    """Hybrid: candidates taken from each of BM25 and dense before fusion."""
+    ego: EgoConfig = field(default_factory=EgoConfig)
+    """The ego graph of G-Retriever, SubgraphRAG and PPR."""
+    gretriever: GRetrieverConfig = field(default_factory=GRetrieverConfig)
+    """G-Retriever (prize-collecting Steiner tree)."""
+    subgraphrag: SubgraphRAGConfig = field(default_factory=SubgraphRAGConfig)
+    """SubgraphRAG-style triple scoring."""
+    beam: BeamConfig = field(default_factory=BeamConfig)
+    """Beam traversal."""
+    astar: AStarConfig = field(default_factory=AStarConfig)
+    """A*-style best-first search."""
+    ppr: PPRConfig = field(default_factory=PPRConfig)
+    """Personalized PageRank."""
+    mmr: MMRConfig = field(default_factory=MMRConfig)
+    """PPR + maximal marginal relevance."""
+    bm25: BM25Config = field(default_factory=BM25Config)
+    """BM25 over node text."""
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    """BM25 + dense reciprocal rank fusion."""
+
+
+FLAT_BASELINE_KEYS = {
+    "ego_hops": ("ego", "hops"), "ego_neighbor_cap": ("ego", "neighbor_cap"), "ego_max_nodes": ("ego", "max_nodes"),
+    "mmr_lambda": ("mmr", "relevance"), "rrf_k": ("hybrid", "rrf_k"), "hybrid_pool": ("hybrid", "pool"),
+}
+"""Configs written before the baselines had sub-sections (artifacts and models keep their config):
+``baselines.<method>_<key>`` is read as ``baselines.<method>.<key>``; these are the irregular names."""
+
+
+def _nest_flat_baselines(data: dict[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    methods = ("gretriever", "subgraphrag", "beam", "astar", "ppr", "mmr", "bm25")
+    for key, value in data.items():
+        target = FLAT_BASELINE_KEYS.get(key)
+        if target is None:
+            method = next((m for m in methods if key.startswith(m + "_")), None)
+            target = (method, key[len(method) + 1 :]) if method else None
+        if target is None:
+            nested[key] = value
+        else:
+            nested.setdefault(target[0], {})[target[1]] = value
+    return nested
 
 
 @dataclass
@@ -465,6 +569,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a (partial) mapping; unknown keys are errors that list the known ones."""
+    if cls is BaselinesConfig:
+        data = _nest_flat_baselines(data)
     hints = get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))

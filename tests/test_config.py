@@ -121,17 +121,29 @@ def test_training_config_keeps_the_artifacts_preprocessing_sections(tmp_path):
 
 
 def test_every_choice_field_is_checked_when_its_section_is_built():
-    import dataclasses
-
     from seeder.config import SeederConfig, _choice_fields
 
+    def sections(instance, prefix):
+        yield prefix, type(instance)
+        for f in dataclasses.fields(instance):
+            value = getattr(instance, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from sections(value, f"{prefix}.{f.name}" if prefix else f.name)
+
     checked = 0
-    for section in dataclasses.fields(SeederConfig):
-        cls = type(getattr(SeederConfig(), section.name))
+    for key, cls in sections(SeederConfig(), ""):
         for name, allowed in _choice_fields(cls).items():
-            with pytest.raises(ConfigError, match=re.escape(f"{section.name}.{name}='bogus': use one of {', '.join(allowed)}")):
-                load_config(None, [f"{section.name}.{name}=bogus"])
-            with pytest.raises(ConfigError, match=rf"{section.name}\.{name}="):
+            with pytest.raises(ConfigError, match=re.escape(f"{key}.{name}='bogus': use one of {', '.join(allowed)}")):
+                load_config(None, [f"{key}.{name}=bogus"])
+            with pytest.raises(ConfigError, match=re.escape(f"{key}.{name}=")):
                 cls(**{name: "bogus"})
             checked += 1
     assert checked >= 8  # seed.strategy, expand.parent_term/relation_score, prior.model, model.query_injection, ...
+
+
+def test_configs_written_before_the_baselines_had_sub_sections_still_load():
+    from seeder.config import SeederConfig, from_dict
+
+    old = {"baselines": {"gretriever_topk_nodes": 7, "mmr_lambda": 0.5, "ego_max_nodes": 90, "rrf_k": 30, "seeds": 2}}
+    b = from_dict(SeederConfig, old).baselines
+    assert (b.gretriever.topk_nodes, b.mmr.relevance, b.ego.max_nodes, b.hybrid.rrf_k, b.seeds) == (7, 0.5, 90, 30, 2)

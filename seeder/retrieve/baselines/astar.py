@@ -3,8 +3,8 @@
 States are nodes reached by a path from a dense seed. The path score g accumulates the beam's
 transition score (w_dst * cos(q, v) + w_rel * cos(q, r) + discount * g(u) - hop penalty); the
 priority is g + w_h * cos(q, v), a heuristic of how promising the node itself looks. The search
-pops the highest priority, expands each node once, stops after ``astar_budget`` expansions and
-does not expand beyond ``astar_depth`` hops. The queue is sequential by nature, so this loops per
+pops the highest priority, expands each node once, stops after ``astar.budget`` expansions and
+does not expand beyond ``astar.depth`` hops. The queue is sequential by nature, so this loops per
 query; each expansion scores all of a node's (capped) neighbours with one array operation.
 """
 
@@ -48,24 +48,24 @@ def astar_search(
 ) -> SearchTrace:
     """Best-first search for query row ``query_row`` from its seeds (-1 padded)."""
     w_dst, w_rel, _ = transition_weights(cfg)
-    w_prev = cfg.astar_discount
+    w_prev = cfg.astar.discount
     query = np.asarray(inputs.query_features[query_row], dtype=np.float32)
     relation_sim = np.asarray(inputs.relation_features, dtype=np.float32) @ query
-    w_h = cfg.astar_heuristic_weight
+    w_h = cfg.astar.heuristic_weight
     # heapq is a min-heap: push -priority; the node id breaks ties so the order is deterministic.
     heap = [(-(float(s) + w_h * float(s)), int(v), float(s), -1, 0) for v, s in zip(seeds, seed_scores) if v >= 0]
     heapq.heapify(heap)
     expanded: dict[int, tuple[float, float, int, int]] = {}
-    while heap and len(expanded) < cfg.astar_budget:
+    while heap and len(expanded) < cfg.astar.budget:
         neg_priority, node, g, parent, depth = heapq.heappop(heap)
         if node in expanded:
             continue
         expanded[node] = (-neg_priority, g, parent, depth)
-        if depth >= cfg.astar_depth:
+        if depth >= cfg.astar.depth:
             continue
-        _, nbr, rel = csr_expand(inputs.graph, np.array([node]), cfg.ego_neighbor_cap)
+        _, nbr, rel = csr_expand(inputs.graph, np.array([node]), cfg.ego.neighbor_cap)
         node_sim = np.asarray(inputs.node_features[nbr], dtype=np.float32) @ query
-        child_g = w_dst * node_sim + w_rel * relation_sim[rel] + w_prev * g - cfg.beam_hop_penalty
+        child_g = w_dst * node_sim + w_rel * relation_sim[rel] + w_prev * g - cfg.beam.hop_penalty
         child_priority = child_g + w_h * node_sim
         for v, cg, cp in zip(nbr.tolist(), child_g.tolist(), child_priority.tolist()):
             if v not in expanded:

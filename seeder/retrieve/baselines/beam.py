@@ -1,7 +1,7 @@
 """Beam traversal (paper, Appendix E): the top dense seeds, a fixed number of hops, a fixed beam width.
 
 A transition u -r-> v scores w_dst * cos(q, v) + w_rel * cos(q, r) + w_prev * score(path to u)
-minus a hop penalty. After each hop every query keeps its ``beam_width`` best new nodes (a node
+minus a hop penalty. After each hop every query keeps its ``beam.width`` best new nodes (a node
 reached twice keeps its best path; nodes reached at an earlier hop are not re-entered). Reached
 nodes are ranked by their best path score. The beams of all queries advance together.
 """
@@ -26,11 +26,11 @@ from seeder.retrieve.baselines.common import (
 
 
 def transition_weights(cfg: BaselinesConfig) -> tuple[float, float, float]:
-    if len(cfg.beam_weights) != 3:
+    if len(cfg.beam.weights) != 3:
         raise ConfigError(
-            f"baselines.beam_weights must hold 3 weights (destination, relation, previous score), got {cfg.beam_weights}"
+            f"baselines.beam.weights must hold 3 weights (destination, relation, previous score), got {cfg.beam.weights}"
         )
-    return tuple(float(w) for w in cfg.beam_weights)  # type: ignore[return-value]
+    return tuple(float(w) for w in cfg.beam.weights)  # type: ignore[return-value]
 
 
 def beam_search(
@@ -45,22 +45,22 @@ def beam_search(
     )
     reached = [(state_q, state_n, state_s)]
     visited = np.sort(state_q * n + state_n)
-    for _ in range(cfg.beam_hops):
+    for _ in range(cfg.beam.hops):
         if not len(state_n):
             break
-        owner, nbr, rel = csr_expand(inputs.graph, state_n, cfg.ego_neighbor_cap)
+        owner, nbr, rel = csr_expand(inputs.graph, state_n, cfg.ego.neighbor_cap)
         q = state_q[owner]
         score = (
             w_dst * pair_cosine(inputs.query_features, q, inputs.node_features, nbr)
             + w_rel * pair_cosine(inputs.query_features, q, inputs.relation_features, rel)
             + w_prev * state_s[owner]
-            - cfg.beam_hop_penalty
+            - cfg.beam.hop_penalty
         )
         key = q * n + nbr
         pos = np.minimum(np.searchsorted(visited, key), max(len(visited) - 1, 0))
         fresh = visited[pos] != key if len(visited) else np.ones(len(key), dtype=bool)
         q, nbr, score = dedupe_max(q[fresh], nbr[fresh], score[fresh])
-        keep = group_topk(q, score, nbr, cfg.beam_width)
+        keep = group_topk(q, score, nbr, cfg.beam.width)
         state_q, state_n, state_s = q[keep], nbr[keep], score[keep]
         reached.append((state_q, state_n, state_s))
         visited = np.sort(np.concatenate([visited, state_q * n + state_n]))

@@ -81,9 +81,9 @@ def _inputs_index(inputs: BaselineInputs, cfg: BaselinesConfig) -> BM25Index:
         texts = inputs.graph.nodes.column("text").to_pylist()
     if texts is None:
         raise DataError("BM25 needs node texts: pass node_texts, or a dataset graph that has a nodes table")
-    key = ("bm25", cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
+    key = ("bm25", cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
     if key not in inputs.cache:
-        inputs.cache[key] = BM25Index.build(texts, cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
+        inputs.cache[key] = BM25Index.build(texts, cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
     return inputs.cache[key]
 
 
@@ -110,8 +110,8 @@ def hybrid_ranking(index: BM25Index, texts: list[str], dense: np.ndarray, pool: 
 def retrieve_hybrid(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
     """Nodes by fused rank; the retrieved set is the union of both pools (to ``length``)."""
     texts = _query_texts(inputs)
-    inputs.dense_depth = max(inputs.dense_depth, length, cfg.hybrid_pool)
-    ids, _ = hybrid_ranking(_inputs_index(inputs, cfg), texts, inputs.dense_ranking(cfg.hybrid_pool)[0], cfg.hybrid_pool, cfg.rrf_k)
+    inputs.dense_depth = max(inputs.dense_depth, length, cfg.hybrid.pool)
+    ids, _ = hybrid_ranking(_inputs_index(inputs, cfg), texts, inputs.dense_ranking(cfg.hybrid.pool)[0], cfg.hybrid.pool, cfg.hybrid.rrf_k)
     return full_ranking(inputs, ids, (ids >= 0).sum(1), length)
 
 
@@ -120,10 +120,10 @@ def retrieve_hybrid(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -
 
 
 def _seed_index(kg: Any, cfg: BaselinesConfig) -> BM25Index:
-    key = (str(getattr(kg, "path", id(kg))), getattr(kg, "fingerprint", None), cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
+    key = (str(getattr(kg, "path", id(kg))), getattr(kg, "fingerprint", None), cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
     if key not in _SEED_INDEXES:
         _SEED_INDEXES.clear()  # one dataset at a time: an index of millions of texts is large
-        _SEED_INDEXES[key] = BM25Index.build(kg.nodes.column("text").to_pylist(), cfg.bm25_k1, cfg.bm25_b, cfg.bm25_stopwords)
+        _SEED_INDEXES[key] = BM25Index.build(kg.nodes.column("text").to_pylist(), cfg.bm25.k1, cfg.bm25.b, cfg.bm25.stopwords)
     return _SEED_INDEXES[key]
 
 
@@ -148,8 +148,8 @@ def hybrid_seeds(
     ``query_features`` rows follow ``texts``; padding is id -1 with score -inf.
     """
     cfg = cfg or BaselinesConfig()
-    dense, _ = dense_topk(query_features, node_features, cfg.hybrid_pool)
-    ids, scores = hybrid_ranking(_seed_index(kg, cfg), texts, dense, cfg.hybrid_pool, cfg.rrf_k)
+    dense, _ = dense_topk(query_features, node_features, cfg.hybrid.pool)
+    ids, scores = hybrid_ranking(_seed_index(kg, cfg), texts, dense, cfg.hybrid.pool, cfg.hybrid.rrf_k)
     ids, scores = ids[:, :k0], scores[:, :k0]
     if ids.shape[1] < k0:
         pad = k0 - ids.shape[1]

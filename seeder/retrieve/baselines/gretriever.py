@@ -141,11 +141,11 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
 
     def run(batch: BaselineInputs) -> RetrievalResult:
         seeds, _ = dense_seeds(batch, cfg.seeds)
-        ego = ego_graphs(batch, seeds, cfg.ego_hops, cfg.ego_neighbor_cap, cfg.ego_max_nodes)
-        n_prize = node_prizes(ego, cfg.gretriever_topk_nodes)
+        ego = ego_graphs(batch, seeds, cfg.ego.hops, cfg.ego.neighbor_cap, cfg.ego.max_nodes)
+        n_prize = node_prizes(ego, cfg.gretriever.topk_nodes)
         relation_sim = pair_cosine(batch.query_features, ego.edge_query, batch.relation_features, ego.edge_relation)
         triple_sim = (ego.sim[ego.edge_head] + relation_sim + ego.sim[ego.edge_tail]) / 3.0
-        e_prize = edge_prizes(ego.edge_query, triple_sim, cfg.gretriever_topk_edges)
+        e_prize = edge_prizes(ego.edge_query, triple_sim, cfg.gretriever.topk_edges)
         edge_offsets = np.searchsorted(ego.edge_query, np.arange(ego.num_queries + 1))
         selected = []
         for qi in range(ego.num_queries):  # pcst_fast solves one graph per call
@@ -153,11 +153,11 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
             elo, ehi = edge_offsets[qi], edge_offsets[qi + 1]
             local, _ = solve_pcst(
                 int(hi - lo), ego.edge_head[elo:ehi] - lo, ego.edge_tail[elo:ehi] - lo, n_prize[lo:hi],
-                e_prize[elo:ehi], cfg.gretriever_edge_cost, cfg.gretriever_num_clusters, cfg.gretriever_pruning,
+                e_prize[elo:ehi], cfg.gretriever.edge_cost, cfg.gretriever.num_clusters, cfg.gretriever.pruning,
             )
             selected.append(local + lo)
         flat = np.concatenate(selected) if selected else np.zeros(0, dtype=np.int64)
-        score = ego.sim[flat] + cfg.gretriever_prize_bonus * n_prize[flat]
+        score = ego.sim[flat] + cfg.gretriever.prize_bonus * n_prize[flat]
         ranking, counts = rank_candidates(ego.num_queries, ego.query[flat], ego.node[flat], score)
         return full_ranking(batch, ranking, counts, length)
 

@@ -60,16 +60,16 @@ def personalized_pagerank(
 def ppr_relevance(inputs: BaselineInputs, cfg: BaselinesConfig) -> tuple[EgoGraphs, np.ndarray]:
     """The ego graphs of a batch and each flat node's relevance: w * PPR / max PPR + (1 - w) * cosine."""
     seeds, seed_scores = dense_seeds(inputs, cfg.seeds)
-    ego = ego_graphs(inputs, seeds, cfg.ego_hops, cfg.ego_neighbor_cap, cfg.ego_max_nodes)
+    ego = ego_graphs(inputs, seeds, cfg.ego.hops, cfg.ego.neighbor_cap, cfg.ego.max_nodes)
     restart = restart_weights(ego, seeds, seed_scores)
     # The ego graph is walked undirected: a relation's direction says nothing about relevance.
     src = np.concatenate([ego.edge_head, ego.edge_tail])
     dst = np.concatenate([ego.edge_tail, ego.edge_head])
-    ppr = personalized_pagerank(len(ego.node), ego.query, src, dst, restart, cfg.ppr_restart, cfg.ppr_iterations)
+    ppr = personalized_pagerank(len(ego.node), ego.query, src, dst, restart, cfg.ppr.restart, cfg.ppr.iterations)
     peak = np.zeros(ego.num_queries)
     np.maximum.at(peak, ego.query, ppr)
     normalised = ppr / np.where(peak > 0, peak, 1.0)[ego.query]
-    return ego, cfg.ppr_weight * normalised + (1.0 - cfg.ppr_weight) * ego.sim
+    return ego, cfg.ppr.weight * normalised + (1.0 - cfg.ppr.weight) * ego.sim
 
 
 def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:

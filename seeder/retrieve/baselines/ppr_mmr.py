@@ -47,7 +47,7 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
     def run(batch: BaselineInputs) -> RetrievalResult:
         ego, relevance = ppr_relevance(batch, cfg)
         ranked, _ = rank_candidates(ego.num_queries, ego.query, ego.node, relevance)
-        pool = ranked[:, : cfg.mmr_pool]
+        pool = ranked[:, : cfg.mmr.pool]
         valid = pool >= 0
         # Relevance of each pooled node, looked up from the flat ego arrays (sorted by (query, node)).
         n = int(batch.graph.num_nodes)
@@ -57,7 +57,7 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
         pool_relevance = np.where(valid, relevance[flat] if len(keys) else 0.0, -np.inf)
         embeddings = np.asarray(batch.node_features[np.where(valid, pool, 0).ravel()], dtype=np.float32)
         embeddings = embeddings.reshape(pool.shape + (-1,)) * valid[..., None]
-        picks = mmr_select(pool_relevance, embeddings, valid, cfg.mmr_select, cfg.mmr_lambda)
+        picks = mmr_select(pool_relevance, embeddings, valid, cfg.mmr.select, cfg.mmr.relevance)
         chosen = np.where(picks >= 0, np.take_along_axis(pool, np.maximum(picks, 0), axis=1), -1)
         set_size = (chosen >= 0).sum(1)
         # The pool's remaining nodes follow in PPR order; full_ranking drops the repeats.

@@ -24,19 +24,19 @@ from seeder.retrieve.baselines.common import (
 
 
 def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> RetrievalResult:
-    if len(cfg.subgraphrag_weights) != 3:
+    if len(cfg.subgraphrag.weights) != 3:
         raise ConfigError(
-            f"baselines.subgraphrag_weights must hold 3 weights (head, relation, tail), got {cfg.subgraphrag_weights}"
+            f"baselines.subgraphrag.weights must hold 3 weights (head, relation, tail), got {cfg.subgraphrag.weights}"
         )
-    w_head, w_rel, w_tail = cfg.subgraphrag_weights
+    w_head, w_rel, w_tail = cfg.subgraphrag.weights
 
     def run(batch: BaselineInputs) -> RetrievalResult:
         seeds, _ = dense_seeds(batch, cfg.seeds)
-        ego = ego_graphs(batch, seeds, cfg.ego_hops, cfg.ego_neighbor_cap, cfg.ego_max_nodes)
+        ego = ego_graphs(batch, seeds, cfg.ego.hops, cfg.ego.neighbor_cap, cfg.ego.max_nodes)
         relation_sim = pair_cosine(batch.query_features, ego.edge_query, batch.relation_features, ego.edge_relation)
         score = w_head * ego.sim[ego.edge_head] + w_rel * relation_sim + w_tail * ego.sim[ego.edge_tail]
         edge_ids = np.arange(len(score))
-        top = group_topk(ego.edge_query, score, edge_ids, cfg.subgraphrag_top_triples)
+        top = group_topk(ego.edge_query, score, edge_ids, cfg.subgraphrag.top_triples)
         is_seed = ego.hop == 0
         flat = np.concatenate([ego.edge_head[top], ego.edge_tail[top], np.flatnonzero(is_seed)])
         node_score = np.concatenate([score[top], score[top], ego.sim[is_seed]])

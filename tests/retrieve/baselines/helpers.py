@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from seeder.config import BaselinesConfig, from_dict
+
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 
 
@@ -41,3 +43,13 @@ def random_inputs(seed: int = 0, n: int = 300, r: int = 4, e: int = 1200, d: int
         graph, normalised(rng, n, d), normalised(rng, 2 * r, d), np.arange(q, dtype=np.int64) * 7 + 1,
         normalised(rng, q, d), query_texts, node_texts,
     )
+
+
+def baselines_config(**values) -> BaselinesConfig:
+    """A BaselinesConfig from keys whose sub-section is written with ``__``: ``ego__max_nodes=80`` sets
+    ``baselines.ego.max_nodes``."""
+    nested: dict = {}
+    for key, value in values.items():
+        section, _, name = key.rpartition("__")
+        (nested.setdefault(section, {}) if section else nested)[name] = value
+    return from_dict(BaselinesConfig, nested)

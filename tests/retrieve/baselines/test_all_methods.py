@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from seeder.config import BaselinesConfig, ConfigError, SeederConfig
+from seeder.config import ConfigError, SeederConfig
 from seeder.retrieve.baselines import METHODS, run_baseline
 from seeder.store import KnowledgeGraph
+from tests.retrieve.baselines.helpers import baselines_config
 
 from .helpers import random_inputs
 
@@ -23,7 +26,7 @@ def inputs():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_full_deterministic_ranking_without_repeats(name, inputs):
-    cfg = BaselinesConfig(block_queries=4, ego_max_nodes=80, mmr_pool=50, mmr_select=10, astar_budget=15)
+    cfg = baselines_config(block_queries=4, ego__max_nodes=80, mmr__pool=50, mmr__select=10, astar__budget=15)
     first = run_baseline(name, inputs, cfg, LENGTH)
     assert first.query_ids.tolist() == inputs.query_ids.tolist()
     assert first.ranking.shape == (len(inputs.query_ids), LENGTH)
@@ -34,7 +37,7 @@ def test_full_deterministic_ranking_without_repeats(name, inputs):
     if name != "bm25":  # BM25 may share no term with a query; every graph method retrieves its seeds
         assert (first.set_size >= 1).all()
     # Same inputs, different batching: identical output.
-    again = run_baseline(name, inputs, BaselinesConfig(**{**cfg.__dict__, "block_queries": 64}), LENGTH)
+    again = run_baseline(name, inputs, dataclasses.replace(cfg, block_queries=64), LENGTH)
     np.testing.assert_array_equal(first.ranking, again.ranking)
     np.testing.assert_array_equal(first.set_size, again.set_size)
     # Beyond the retrieved set, the ranking follows dense cosine.
@@ -80,7 +83,7 @@ def test_registry_builds_every_baseline(inputs):
         path="fake", dataset=FakeDataset(), node_features=inputs.node_features, relation_features=inputs.relation_features
     )
     config = SeederConfig()
-    config.baselines.ego_max_nodes = 60
+    config.baselines.ego.max_nodes = 60
     subgraphs = SimpleNamespace(query_ids=inputs.query_ids[::-1].copy())
     for name in METHODS:
         retriever = registry.build(name, artifacts, config)

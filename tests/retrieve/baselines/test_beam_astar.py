@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seeder.config import BaselinesConfig
+
 from seeder.retrieve.baselines import astar, beam
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
+from tests.retrieve.baselines.helpers import baselines_config
 
 from .helpers import with_cosines
 
@@ -25,13 +26,13 @@ def _inputs():
     return BaselineInputs(graph, nodes, relations, np.array([0]), query)
 
 
-CFG = dict(beam_weights=[1.0, 0.0, 1.0], beam_hop_penalty=0.0, beam_hops=2)
+CFG = dict(beam__weights=[1.0, 0.0, 1.0], beam__hop_penalty=0.0, beam__hops=2)
 
 
 @pytest.mark.parametrize("width, reaches_t", [(1, False), (2, True)])
 def test_beam_needs_width_two_to_find_the_best_path(width, reaches_t):
     inputs = _inputs()
-    q, node, score = beam.beam_search(inputs, np.array([[S]]), np.array([[0.3]]), BaselinesConfig(beam_width=width, **CFG))
+    q, node, score = beam.beam_search(inputs, np.array([[S]]), np.array([[0.3]]), baselines_config(beam__width=width, **CFG))
     best = dict(zip(node.tolist(), score.tolist()))
     assert (T in best) is reaches_t
     if reaches_t:
@@ -43,7 +44,7 @@ def test_beam_needs_width_two_to_find_the_best_path(width, reaches_t):
 
 def test_beam_hop_penalty_and_relation_weight_enter_the_score():
     inputs = _inputs()
-    cfg = BaselinesConfig(beam_width=3, beam_weights=[1.0, 2.0, 0.5], beam_hop_penalty=0.25, beam_hops=2)
+    cfg = baselines_config(beam__width=3, beam__weights=[1.0, 2.0, 0.5], beam__hop_penalty=0.25, beam__hops=2)
     _, node, score = beam.beam_search(inputs, np.array([[S]]), np.array([[0.3]]), cfg)
     best = dict(zip(node.tolist(), score.tolist()))
     # Relations are orthogonal to the query (cosine 0): T = 1.0 + 0.5 * (0.5 + 0.5 * 0.3 - 0.25) - 0.25.
@@ -52,7 +53,7 @@ def test_beam_hop_penalty_and_relation_weight_enter_the_score():
 
 def test_astar_expands_along_the_best_path():
     inputs = _inputs()
-    cfg = BaselinesConfig(astar_budget=10, astar_depth=2, astar_heuristic_weight=1.0, astar_discount=1.0, **CFG)
+    cfg = baselines_config(astar__budget=10, astar__depth=2, astar__heuristic_weight=1.0, astar__discount=1.0, **CFG)
     trace = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), cfg)
     # Priorities g + cos: S 0.6; A 1.2 + 0.9; B 0.8 + 0.5; C 1.3 + 0.1; T 1.8 + 1.0; D 0.5 + 0.2.
     assert trace.nodes.tolist() == [S, A, C, B, T, D]
@@ -63,18 +64,18 @@ def test_astar_expands_along_the_best_path():
 
 def test_astar_budget_and_depth_bound_the_search():
     inputs = _inputs()
-    short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=3, astar_depth=2, astar_discount=1.0, **CFG))
+    short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=3, astar__depth=2, astar__discount=1.0, **CFG))
     assert short.nodes.tolist() == [S, A, C]
     # Left on the queue: B (priority 0.8 + 0.5) and D (0.5 + 0.2), best first.
     assert short.frontier.tolist() == [B, D]
     np.testing.assert_allclose(short.frontier_priority, [1.3, 0.7])
-    shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), BaselinesConfig(astar_budget=10, astar_depth=1, astar_discount=1.0, **CFG))
+    shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=10, astar__depth=1, astar__discount=1.0, **CFG))
     assert T not in shallow.nodes.tolist() and set(shallow.nodes.tolist()) == {S, A, B, D}
 
 
 def test_retrievers_rank_reached_nodes_then_fill_by_cosine():
     inputs = _inputs()
-    cfg = BaselinesConfig(seeds=1, beam_width=2, astar_budget=4, astar_depth=2, astar_discount=1.0, **CFG)
+    cfg = baselines_config(seeds=1, beam__width=2, astar__budget=4, astar__depth=2, astar__discount=1.0, **CFG)
     # The dense seed is T (cosine 1.0). Its only neighbour is B, whose only other neighbour is S:
     # path scores T 1.0, B 1.0 + 0.5, S 1.5 + 0.3. The rest follows by cosine: A, D, C.
     result = beam.retrieve(inputs, cfg, 6)

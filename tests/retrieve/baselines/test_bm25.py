@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from seeder.config import BaselinesConfig
+
 from seeder.retrieve.baselines import bm25
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 from seeder.store import open_dataset, write_dataset
+from tests.retrieve.baselines.helpers import baselines_config
 
 CORPUS = [
     "paris is the capital of france",
@@ -78,7 +79,7 @@ def _toy_inputs():
 
 def test_bm25_and_hybrid_retrievers_give_full_rankings():
     inputs = _toy_inputs()
-    cfg = BaselinesConfig(bm25_stopwords="", hybrid_pool=5)
+    cfg = baselines_config(bm25__stopwords="", hybrid__pool=5)
     lexical = bm25.retrieve_bm25(inputs, cfg, 5)
     want = _lucene_bm25("capital germany", CORPUS)
     matched = sorted((i for i in range(5) if want[i] > 0), key=lambda i: (-want[i], i))
@@ -101,7 +102,7 @@ def test_seeding_functions_read_the_dataset(tmp_path):
     edges = pa.table({"src": np.array([0]), "dst": np.array([1]), "relation": np.array([0], np.int32)})
     queries = pa.table({"id": [0], "text": ["q"], "answers": [[0]], "split": ["val"]})
     kg = open_dataset(write_dataset(tmp_path / "kg", nodes, relations, edges, queries))
-    ids, scores = bm25.bm25_seeds(kg, ["paris france", "nothing shared"], 2, BaselinesConfig(bm25_stopwords=""))
+    ids, scores = bm25.bm25_seeds(kg, ["paris france", "nothing shared"], 2, baselines_config(bm25__stopwords=""))
     want = _lucene_bm25("paris france", CORPUS)
     assert ids[0].tolist() == sorted(range(n), key=lambda i: (-want[i], i))[:2]
     assert ids[1].tolist() == [-1, -1]

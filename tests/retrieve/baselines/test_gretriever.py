@@ -8,9 +8,10 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from seeder.config import BaselinesConfig
+
 from seeder.retrieve.baselines import gretriever
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
+from tests.retrieve.baselines.helpers import baselines_config
 from .helpers import with_cosines
 
 
@@ -126,7 +127,7 @@ def test_retrieve_selects_the_tree_around_the_best_nodes(edge_cost, pruning, exp
     nodes, relations, query = with_cosines(cos)
     graph = InMemoryGraph.from_edges(6, 1, [0, 3, 0, 4, 5], [3, 2, 1, 5, 0], [0, 0, 0, 0, 0])
     inputs = BaselineInputs(graph, nodes, relations, np.array([7]), query)
-    cfg = BaselinesConfig(gretriever_edge_cost=edge_cost, gretriever_topk_edges=1, gretriever_pruning=pruning)
+    cfg = baselines_config(gretriever__edge_cost=edge_cost, gretriever__topk_edges=1, gretriever__pruning=pruning)
     result = gretriever.retrieve(inputs, cfg, 6)
     assert result.set_size.tolist() == [len(expected)]
     assert result.ranking[0, : len(expected)].tolist() == expected

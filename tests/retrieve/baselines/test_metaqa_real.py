@@ -15,9 +15,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from seeder.config import BaselinesConfig
+
 from seeder.retrieve.baselines import METHODS, BaselineInputs, bm25_seeds, run_baseline
 from seeder.retrieve.baselines.common import dense_topk
+from tests.retrieve.baselines.helpers import baselines_config
 
 pytestmark = pytest.mark.slow
 QUESTIONS = 80
@@ -71,7 +72,7 @@ def test_graph_baselines_beat_dense_on_one_hop_questions(metaqa):
     answers = queries.column("answers").to_pylist()
     dense, _ = dense_topk(inputs.query_features, inputs.node_features, 20)
     dense_hit = hit_at(dense, answers, 20)
-    cfg = BaselinesConfig(ego_max_nodes=400)
+    cfg = baselines_config(ego__max_nodes=400)
     for name in sorted(set(METHODS) - {"bm25", "hybrid"}):  # lexical methods match the topic, not answers
         result = run_baseline(name, inputs, cfg, 100)
         assert (result.ranking >= 0).all()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from seeder.config import BaselinesConfig
+
 from seeder.retrieve.baselines import ppr_mmr
+from tests.retrieve.baselines.helpers import baselines_config
 
 from .helpers import normalised, random_inputs
 
@@ -48,7 +49,7 @@ def test_batched_mmr_equals_a_plain_loop_per_query():
 
 def test_ppr_mmr_ranks_the_selection_first():
     inputs = random_inputs(seed=4)
-    cfg = BaselinesConfig(mmr_select=8, mmr_pool=40)
+    cfg = baselines_config(mmr__select=8, mmr__pool=40)
     result = ppr_mmr.retrieve(inputs, cfg, 50)
     assert result.set_size.tolist() == [8] * len(inputs.query_ids)
     from seeder.retrieve.baselines.ppr import ppr_relevance
