@@ -209,10 +209,14 @@ class FeatureScreen:
     def cosine_bounds(self, nodes: np.ndarray, query_features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(estimate, radius) with |cos(node, query row) - estimate| <= radius, for pairs sorted by row.
 
-        Row-wise dot products of the int8 codes with their pair's query (the query rows stay in cache).
+        One matrix-vector product per query row (the pairs come grouped by query).
         """
-        codes = self.codes[nodes].astype(np.float32)
-        estimate = np.einsum("ij,ij->i", codes, np.asarray(query_features, np.float32)[rows]) * self.scale[nodes]
+        estimate = np.empty(len(nodes), dtype=np.float32)
+        bounds = np.searchsorted(rows, np.arange(len(query_features) + 1))
+        for q in np.flatnonzero(np.diff(bounds)):
+            lo, hi = bounds[q], bounds[q + 1]
+            estimate[lo:hi] = self.codes[nodes[lo:hi]].astype(np.float32) @ query_features[q]
+        estimate *= self.scale[nodes]
         l1 = np.abs(query_features).sum(axis=1)[rows]
         # Float32 rounding of both dot products: at most d * 2^-23 relative to sum |q_i||u_i| each,
         # counted generously.
