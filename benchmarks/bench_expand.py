@@ -27,7 +27,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seeder.config import ExpandConfig  # noqa: E402
-from seeder.retrieve.khop import FeatureScreen, GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
+from seeder.retrieve.khop import GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
 from seeder.store import build_csr  # noqa: E402
 
 
@@ -76,8 +76,6 @@ def measure(kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str) -> dict:
         query_ids=np.arange(args.queries), splits=np.array(["train"] * args.queries, dtype=object),
         answer_ptr=answer_ptr, answers=answers, graph=graph,
     )
-    if not args.no_screen:  # built once per run, like the graph index
-        common["screen"] = FeatureScreen.build(nf)
     warm = min(cfg.batch_queries, args.queries)
     expand_queries(kg, nf, rf, qf[:warm], seeds[:warm], None, cfg, **{**common, "query_ids": np.arange(warm),
                    "splits": common["splits"][:warm], "answer_ptr": answer_ptr[: warm + 1], "answers": answers[:warm]})
@@ -90,7 +88,7 @@ def measure(kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str) -> dict:
     # Split of the time: the hop loop alone vs. the induced edges alone, on one batch.
     b = slice(0, warm)
     t0 = time.process_time()
-    out = expand_batch(graph, nf, rf, qf[b], seeds[b], cfg, screen=common.get("screen"))
+    out = expand_batch(graph, nf, rf, qf[b], seeds[b], cfg)
     t1 = time.process_time()
     induced_edges(graph, out["query"], out["nodes"], out["node_ptr"])
     t2 = time.process_time()
@@ -120,7 +118,6 @@ def main() -> None:
     parser.add_argument("--batch-queries", type=int, default=ExpandConfig().batch_queries)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-screen", action="store_true", help="no FeatureScreen: every candidate's row is read")
     args = parser.parse_args()
     cfg = ExpandConfig(budget=args.budget, batch_queries=args.batch_queries)
     print(f"expand config: budget {cfg.budget}, hops {cfg.hops}, keep_per_hop {cfg.keep_per_hop}, "

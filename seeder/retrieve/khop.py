@@ -134,94 +134,36 @@ def node_query_cosines(
     two candidates may resolve differently with another ``expand.batch_queries``.
     """
     out = np.empty(len(nodes), dtype=np.float32)
-    rest = _frequent_cosines(node_features, nodes, query_features, rows, out) if share_frequent else slice(None)
-    out[rest] = _gathered_cosines(node_features, nodes[rest], query_features, rows[rest], chunk)
-    return out
-
-
-def _frequent_cosines(node_features, nodes, query_features, rows, out) -> np.ndarray:
-    """Fills ``out`` for the pairs whose node many queries of the batch share; returns the others' indices.
-
-    Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored against
-    every query with one matrix product instead of one gathered row per pair.
-    """
     num_q = len(query_features)
-    if len(nodes) <= 4 * num_q:
-        return np.arange(len(nodes))
-    num_nodes = len(node_features)
-    if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
-        counts = np.bincount(nodes, minlength=num_nodes)
-        frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
-    else:
-        uniq, counts = np.unique(nodes, return_counts=True)
-        frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
-    if len(frequent_nodes) == 0:
-        return np.arange(len(nodes))
-    if num_nodes <= 16 * len(nodes):  # a slot per graph node: one gather, no binary search
-        slot_of = np.full(num_nodes, -1, dtype=np.int64)
-        slot_of[frequent_nodes] = np.arange(len(frequent_nodes))
-        slot = slot_of[nodes]
-        shared = slot >= 0
-    else:
-        slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
-        shared = frequent_nodes[slot] == nodes
-    table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
-    out[shared] = table[slot[shared], rows[shared]]
-    return np.flatnonzero(~shared)
-
-
-def _gathered_cosines(node_features, nodes, query_features, rows, chunk: int = 2048) -> np.ndarray:
-    """One gathered feature row per pair, a chunk at a time; a pair's value does not depend on the chunk."""
-    out = np.empty(len(nodes), dtype=np.float32)
+    if share_frequent and len(nodes) > 4 * num_q:
+        # Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored
+        # against every query with one matrix product instead of one gathered row per pair.
+        num_nodes = len(node_features)
+        if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
+            counts = np.bincount(nodes, minlength=num_nodes)
+            frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
+        else:
+            uniq, counts = np.unique(nodes, return_counts=True)
+            frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
+        if len(frequent_nodes):
+            if num_nodes <= 16 * len(nodes):  # a slot per graph node: one gather, no binary search
+                slot_of = np.full(num_nodes, -1, dtype=np.int64)
+                slot_of[frequent_nodes] = np.arange(len(frequent_nodes))
+                slot = slot_of[nodes]
+                shared = slot >= 0
+            else:
+                slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
+                shared = frequent_nodes[slot] == nodes
+            table = np.asarray(node_features[frequent_nodes], dtype=np.float32) @ query_features.T
+            out[shared] = table[slot[shared], rows[shared]]
+            rest = np.flatnonzero(~shared)
+            out[rest] = node_query_cosines(node_features, nodes[rest], query_features, rows[rest], chunk, False)
+            return out
     for lo in range(0, len(nodes), chunk):
         hi = lo + chunk
         gathered = np.asarray(node_features[nodes[lo:hi]], dtype=np.float32)
         out[lo:hi] = np.einsum("ij,ij->i", gathered, query_features[rows[lo:hi]])
     return out
-
-
-@dataclass
-class FeatureScreen:
-    """The node features quantised to int8 (one scale per row), with each row's largest rounding error.
-
-    A quarter of the bytes of the float32 rows, so gathering it costs a fraction of gathering them. It
-    bounds a cosine without reading the row: |q.u - s_u q.c_u| <= err_u ||q||_1 (plus float32 rounding),
-    which the last hop uses to skip candidates that cannot reach its top b_h (see ``_screened_top``).
-    """
-
-    codes: np.ndarray  # int8 [N, d]
-    scale: np.ndarray  # float32 [N]
-    error: np.ndarray  # float32 [N]: max_i |u_i - scale * codes_i|
-
-    @classmethod
-    def build(cls, node_features: np.ndarray, chunk: int = 65_536) -> "FeatureScreen":
-        n, d = node_features.shape
-        codes, scale, error = np.empty((n, d), np.int8), np.empty(n, np.float32), np.empty(n, np.float32)
-        for lo in range(0, n, chunk):
-            x = np.asarray(node_features[lo : lo + chunk], dtype=np.float32)
-            s = np.abs(x).max(axis=1) / np.float32(127)
-            s[s == 0] = 1
-            c = np.clip(np.rint(x / s[:, None]), -127, 127)
-            codes[lo : lo + len(x)], scale[lo : lo + len(x)] = c, s
-            error[lo : lo + len(x)] = np.abs(x - c * s[:, None]).max(axis=1)
-        return cls(codes=codes, scale=scale, error=error)
-
-    def cosine_bounds(self, nodes: np.ndarray, query_features: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(estimate, radius) with |cos(node, query row) - estimate| <= radius, for pairs sorted by row.
-
-        One matrix-vector product per query row (the pairs come grouped by query).
-        """
-        estimate = np.empty(len(nodes), dtype=np.float32)
-        bounds = np.searchsorted(rows, np.arange(len(query_features) + 1))
-        for q in np.flatnonzero(np.diff(bounds)):
-            lo, hi = bounds[q], bounds[q + 1]
-            estimate[lo:hi] = self.codes[nodes[lo:hi]].astype(np.float32) @ query_features[q]
-        estimate *= self.scale[nodes]
-        l1 = np.abs(query_features).sum(axis=1)[rows]
-        # Float32 rounding of both dot products: at most d * 2^-23 relative to sum |q_i||u_i| each,
-        # counted generously.
-        rounding = 4 * self.codes.shape[1] * np.float32(2**-23) * l1 * (127 * self.scale[nodes] + 1)
-        return estimate, self.error[nodes] * l1 + rounding + np.float32(1e-6)
 
 
 @dataclass
@@ -316,54 +258,6 @@ def _rank_order(uq: np.ndarray, score: np.ndarray, num_q: int) -> np.ndarray:
     return packed & ((1 << index_bits) - 1)
 
 
-def _top_per_query(uq: np.ndarray, score: np.ndarray, limit: np.ndarray, num_q: int) -> np.ndarray:
-    """Indices of each query's best ``limit[query]`` candidates, by (query, score desc, index).
-
-    Candidates come sorted by (query, node), so index order breaks ties by node id.
-    """
-    rank_order = _rank_order(uq, score, num_q)
-    rank = _group_rank(uq[rank_order])
-    return rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
-
-
-def _screened_top(node_features, screen, query_features, uq, unode, usim, new, best_edge, w1, limit, clock):
-    """The last hop's top b_h (K-HOP-WITH-FILTERING, line "keep the best b_h"), reading the float32
-    feature rows of only the candidates that can reach it: exactly ``_top_per_query`` over exact scores.
-
-    Every candidate gets a score interval: exact for carried ones and for nodes scored by the shared
-    matrix product, ``FeatureScreen`` bounds for the others. A query's threshold is the b_h-th largest
-    lower end; a candidate whose upper end is below it is beaten by b_h others and is dropped unread.
-    The survivors get the exact cosine (the same gathered dot product as without the screen), and the
-    top b_h is taken among them. Returns (usim, score, chosen); entries of dropped candidates are NaN.
-    """
-    num_q = len(query_features)
-    fresh = np.flatnonzero(new)
-    fresh_sim = np.full(len(fresh), np.nan, dtype=np.float32)
-    unread = fresh[_frequent_cosines(node_features, unode[fresh], query_features, uq[fresh], fresh_sim)]
-    usim[fresh] = fresh_sim
-    estimate, radius = screen.cosine_bounds(unode[unread], query_features, uq[unread])
-    low = w1 * usim + best_edge
-    high = low.copy()
-    margin = np.float32(1e-5)  # float32 rounding of the score sums, generously
-    low[unread] = w1 * (estimate - radius) + best_edge[unread] - margin
-    high[unread] = w1 * (estimate + radius) + best_edge[unread] + margin
-    clock("node cosines")
-
-    order = _rank_order(uq, low, num_q)
-    rank = _group_rank(uq[order])
-    threshold = np.where(limit > 0, -np.inf, np.inf).astype(np.float32)  # fewer than b_h: all survive
-    at = order[rank == limit[uq[order]] - 1]
-    threshold[uq[at]] = low[at]
-    survive = high >= threshold[uq]
-    read = np.flatnonzero(survive & np.isnan(usim))
-    usim[read] = _gathered_cosines(node_features, unode[read], query_features, uq[read])
-    clock("node cosines (exact)")
-    kept = np.flatnonzero(survive)
-    score = np.full(len(uq), np.nan, dtype=np.float32)
-    score[kept] = w1 * usim[kept] + best_edge[kept]
-    return usim, score, kept[_top_per_query(uq[kept], score[kept], limit, num_q)]
-
-
 def expand_batch(
     graph: GraphIndex,
     node_features: np.ndarray,
@@ -375,7 +269,6 @@ def expand_batch(
     path_terms: np.ndarray | None = None,
     trie_children: np.ndarray | None = None,
     end_terms: np.ndarray | None = None,
-    screen: FeatureScreen | None = None,
 ) -> dict[str, np.ndarray]:
     """K-HOP-WITH-FILTERING for one batch of queries.
 
@@ -389,9 +282,6 @@ def expand_batch(
     its best path from the seed, and the w3 term of an edge v -r-> u is the path term of
     ``trie_children[path(v), r]`` (``OFF_PATH_TERM`` off the trie) instead of sim(q, r). A selected
     node's ``path_end`` is ``end_terms`` [Qb, T] at its path's trie node (0 with the cosine score).
-
-    With a ``screen`` (``FeatureScreen.build(node_features)``), the last hop reads the feature rows of
-    only the candidates that can reach its top b_h; the result is the same.
     """
     clock = _Clock(timings)
     learned = cfg.relation_score == "learned"
@@ -497,18 +387,15 @@ def expand_batch(
         new = np.ones(len(ukeys), dtype=bool)
         where = np.searchsorted(ukeys, carry_keys)
         usim[where], new[where] = carry_sim, False
+        usim[new] = node_query_cosines(node_features, unode[new], query_features, uq[new])
+        clock("node cosines")
+        score = w1 * usim + best_edge
         # Per-query top b_h by (score desc, id asc), within the remaining budget.
+        # ukeys are sorted by (query, node), so a stable sort on (query, -score) breaks ties by id.
+        rank_order = _rank_order(uq, score, num_q)
+        rank = _group_rank(uq[rank_order])
         limit = np.minimum(cfg.keep_per_hop[h - 1], cfg.budget - sel_count)
-        if screen is not None and h == cfg.hops:
-            # Last hop: nothing is carried, so a candidate that cannot reach the top b_h needs no cosine.
-            usim, score, chosen = _screened_top(
-                node_features, screen, query_features, uq, unode, usim, new, best_edge, w1, limit, clock
-            )
-        else:
-            usim[new] = node_query_cosines(node_features, unode[new], query_features, uq[new])
-            clock("node cosines")
-            score = w1 * usim + best_edge
-            chosen = _top_per_query(uq, score, limit, num_q)
+        chosen = rank_order[rank < limit[uq[rank_order]]]  # (query, best first)
         sel_q.append(uq[chosen]), sel_node.append(unode[chosen])
         sel_hop.append(np.full(len(chosen), h, np.int8)), sel_score.append(score[chosen]), sel_sim.append(usim[chosen])
         sel_count += np.bincount(uq[chosen], minlength=num_q)
@@ -633,7 +520,6 @@ def expand_queries(
     graph: GraphIndex | None = None,
     progress=None,
     prior=None,
-    screen: FeatureScreen | None = None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
@@ -641,9 +527,7 @@ def expand_queries(
     from the features (``seed_scores`` may hold NaN for entity-linked seeds; it is not trusted).
     Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
     batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
-    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``. A ``screen``
-    (``FeatureScreen.build(node_features)``, a quarter of the features' memory) makes the last hop
-    read fewer feature rows; the subgraphs are the same with or without it.
+    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -675,7 +559,7 @@ def expand_queries(
             (terms, ends), children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
         chunks.append(
             expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
-                         path_terms=terms, trie_children=children, end_terms=ends, screen=screen)
+                         path_terms=terms, trie_children=children, end_terms=ends)
         )
         if progress is not None:
             progress(hi)

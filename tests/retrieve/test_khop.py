@@ -199,25 +199,3 @@ def test_descending_bits_round_trip():
 
     values = np.array([0.5, -0.5, 0.0, 1.0, -1.0, 1e-30, -1e-30, 3.4e38, -3.4e38], np.float32)
     np.testing.assert_array_equal(_from_descending_bits(_descending_bits(values)), values)
-
-
-@pytest.mark.parametrize("hops", [[6, 9], [3, 5, 30]])
-def test_feature_screen_gives_the_same_subgraphs(random_graph, hops):
-    """The last hop's bound (FeatureScreen) skips candidates but never changes the result, ties included."""
-    from seeder.retrieve.khop import FeatureScreen
-
-    kg, _, rng = random_graph
-    nf = normalised(rng, kg.num_nodes, 16)
-    nf[::3] = nf[1::3][: len(nf[::3])]  # a third of the nodes share another's features: exact ties
-    rf = normalised(rng, 2 * kg.num_relations, 16)
-    qf = normalised(rng, 11, 16)
-    seeds = rng.integers(0, kg.num_nodes, (11, 3))
-    seeds[3] = [5, 9, -1]  # the hubs: their samples go through the shared product
-    cfg = ExpandConfig(budget=30, hops=len(hops), keep_per_hop=hops, batch_queries=4)
-    exact = run(kg, nf, rf, qf, seeds, cfg)
-    screen = FeatureScreen.build(nf, chunk=7)
-    estimate, radius = screen.cosine_bounds(np.arange(kg.num_nodes), qf[[0]], np.zeros(kg.num_nodes, np.int64))
-    assert (np.abs(estimate - nf @ qf[0]) <= radius).all()
-    screened = run(kg, nf, rf, qf, seeds, cfg, screen=screen)
-    for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
-        np.testing.assert_array_equal(getattr(screened, name), getattr(exact, name), err_msg=name)
