@@ -45,6 +45,30 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, help=NUM_CPUS_HELP)
 
 
+# Ray 2.60 turns the loopback address asked of it (``_node_ip_address="127.0.0.1"``, ``ray start
+# --node-ip-address=127.0.0.1``) into the machine's own address unless this is set to 0 (its name is
+# historical: on Linux it defaults to 1). With the node address 127.0.0.1, GCS, the raylet, the workers,
+# the dashboard and runtime-env agents and the metrics exporter all bind 127.0.0.1 instead of all
+# interfaces (tests/pipelines/test_ray_runtime.py checks it with ``ss``).
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only(ray) -> None:
+    """Make the Ray about to start embedded here bind the loopback interface only.
+
+    The variable is read when ``ray`` is imported, which may have happened already (``from ray import
+    serve``), so the constant it sets is set too. It is inherited by every process the embedded Ray
+    starts. Never used when joining a cluster: a driver that joins one must advertise a reachable address.
+    """
+    os.environ[LOOPBACK_ENV] = "0"
+    # Gloo (Ray Train's CPU process group) listens on the address the host name resolves to unless told
+    # which interface to use; the workers of a local Ray meet on loopback.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None, who: str = "seeder"):
     import ray
 
@@ -54,6 +78,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
     if address and address != "local":
         ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV)
         return ray
+    loopback_only(ray)
     # Ray gives its raylet a fixed time to register; on an overloaded machine that can fail once.
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
         try:
