@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 
 

@@ -18,7 +18,8 @@ from tests.conftest import ENV, free_port
 from tests.sockets import descendants, is_loopback, listeners, ss_available, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
-needs_ss = pytest.mark.skipif(not ss_available(), reason="`ss` (iproute2) is not installed: cannot list listening sockets")
+needs_ss = pytest.mark.skipif(not ss_available(),
+                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 # A driver that starts Ray the way every entry point does, runs tasks and a Ray Data job, and then, with
@@ -41,7 +42,8 @@ if sys.argv[1:] == ["hold"]:
 
 
 def driver_env() -> dict[str, str]:
-    env = dict(ENV, RAY_raylet_start_wait_time_s="180", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(ENV, RAY_raylet_start_wait_time_s="180", PYTHONPATH=path)
     env.pop("RAY_ADDRESS", None)
     return env
 
