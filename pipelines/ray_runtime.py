@@ -4,13 +4,19 @@ An explicit address (``--ray-address``) or ``RAY_ADDRESS`` (which ``ray job subm
 cluster. Otherwise the entry point starts an embedded local Ray bound to the loopback interface,
 without a dashboard: it never silently joins an unrelated cluster that happens to run on the machine
 (whose CPUs may all be taken, which would leave this job waiting forever).
+
+The embedded Ray listens on 127.0.0.1 only (``loopback_only``), and before it starts, the Ray processes
+that an earlier embedded run left behind when it was killed are stopped (``stop_leftover_ray``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import sys
+import time
 
 STARTUP_ATTEMPTS = 3
 ADDRESS_HELP = (
@@ -45,6 +51,128 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-cpus", type=int, help=NUM_CPUS_HELP)
 
 
+# Ray 2.60 turns the loopback address asked of it (``_node_ip_address="127.0.0.1"``, ``ray start
+# --node-ip-address=127.0.0.1``) into the machine's own address unless this is set to 0 (its name is
+# historical: on Linux it defaults to 1). With the node address 127.0.0.1, GCS, the raylet, the workers,
+# the dashboard and runtime-env agents and the metrics exporter all bind 127.0.0.1 instead of all
+# interfaces (tests/pipelines/test_ray_runtime.py checks it with ``ss``).
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only(ray) -> None:
+    """Make the Ray about to start embedded here bind the loopback interface only.
+
+    The variable is read when ``ray`` is imported, which may have happened already (``from ray import
+    serve``), so the constant it sets is set too. It is inherited by every process the embedded Ray
+    starts. Never used when joining a cluster: a driver that joins one must advertise a reachable address.
+    """
+    os.environ[LOOPBACK_ENV] = "0"
+    # Gloo (Ray Train's CPU process group) listens on the address the host name resolves to unless told
+    # which interface to use; the workers of a local Ray meet on loopback.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+# A Ray session directory: <temp dir>/session_<date>_<time>_<microseconds>_<pid of the process that made it>.
+SESSION_RE = re.compile(r"(/\S*?/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_(\d+))(?=/|$|\s)")
+CORE_PROCESSES = ("gcs_server", "raylet")
+
+
+def _read(path: str, binary: bool = False):
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return data if binary else data.decode(errors="replace")
+
+
+def _ray_processes() -> dict[int, tuple[str, set[str]]]:
+    """Processes of this user other than this one and its ancestors that name a Ray session directory in
+    their command line or hold a file open inside one: pid -> (command line, session directories)."""
+    ancestors, pid = set(), os.getpid()
+    while pid > 1 and pid not in ancestors:
+        ancestors.add(pid)
+        stat = _read(f"/proc/{pid}/stat")
+        pid = int(stat.rsplit(")", 1)[1].split()[1]) if stat else 0
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in ancestors:
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+            targets = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:  # gone, or not ours to look into
+            continue
+        cmdline = (_read(f"/proc/{entry}/cmdline", binary=True) or b"").replace(b"\0", b" ").decode(errors="replace")
+        sessions = {m.group(1) for text in (cmdline, *targets) for m in SESSION_RE.finditer(text)}
+        if sessions:
+            found[int(entry)] = (cmdline.strip(), sessions)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def leftover_ray_processes() -> dict[int, str]:
+    """Processes of embedded Ray sessions whose driver is gone: pid -> command line.
+
+    A session counts as gone only when the process that created it (its directory name ends with that
+    pid) is not running and neither is any GCS server or raylet of it; an embedded Ray's GCS and raylet
+    die with their driver, while a ``ray start`` cluster's outlive the ``ray start`` command and keep its
+    session alive. Only processes that are Ray's own (``ray::...`` or a program of the installed Ray) and
+    that belong to gone sessions alone are listed. After a driver is killed with SIGKILL, its dashboard
+    and runtime-env agents otherwise linger for a minute or more.
+    """
+    if not sys.platform.startswith("linux"):
+        return {}
+    import ray
+
+    ray_dir = os.path.dirname(ray.__file__) + os.sep
+    processes = _ray_processes()
+    live = set()
+    for pid, (cmdline, sessions) in processes.items():
+        if os.path.basename(cmdline.split(" ", 1)[0]) in CORE_PROCESSES:
+            live |= sessions
+    for pid, (cmdline, sessions) in processes.items():
+        for session in sessions:
+            if _alive(int(SESSION_RE.search(session + "/").group(2))):
+                live.add(session)
+    return {
+        pid: cmdline
+        for pid, (cmdline, sessions) in processes.items()
+        if not sessions & live and (cmdline.startswith("ray::") or ray_dir in cmdline)
+    }
+
+
+def stop_leftover_ray(who: str, grace_s: float = 3.0) -> list[int]:
+    """Stop what :func:`leftover_ray_processes` finds: SIGTERM, then SIGKILL after ``grace_s``."""
+    leftovers = leftover_ray_processes()
+    if not leftovers:
+        return []
+    names = sorted({next((os.path.basename(arg) for arg in cmdline.split(" ")[1:] if arg.endswith(".py")),
+                         os.path.basename(cmdline.split(" ", 1)[0])) for cmdline in leftovers.values()})
+    print(f"{who}: stopping {len(leftovers)} Ray process(es) left by an earlier run that was killed: "
+          f"{', '.join(names)} (pids {', '.join(map(str, sorted(leftovers)))})", file=sys.stderr, flush=True)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in leftovers:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in leftovers):
+            time.sleep(0.1)
+        if not any(_alive(pid) for pid in leftovers):
+            break
+    return sorted(leftovers)
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None, who: str = "seeder"):
     import ray
 
@@ -54,6 +182,11 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
     if address and address != "local":
         ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV)
         return ray
+    loopback_only(ray)
+    try:
+        stop_leftover_ray(who)
+    except Exception as exc:  # never let the clean-up of an earlier run stop this one
+        print(f"{who}: could not look for Ray processes left by an earlier run ({exc})", file=sys.stderr, flush=True)
     # Ray gives its raylet a fixed time to register; on an overloaded machine that can fail once.
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
         try:

@@ -273,7 +273,9 @@ def run_training(
     Usable inside a Tune trial (a function trainable that needs several workers starts this; give the
     trial a small CPU share and ``cpus_per_worker`` the rest). Ray must be initialised by the caller."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.torch_loopback import LoopbackTorchConfig
 
     loop_config = {
         "config": to_dict(config),
@@ -287,7 +289,7 @@ def run_training(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        torch_config=LoopbackTorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
         ),

@@ -1,0 +1,203 @@
+"""pipelines/ray_runtime.py: the embedded Ray listens on loopback only (checked with ``ss`` while it works),
+and the Ray processes a killed driver leaves behind are stopped by the next run, without touching a live
+session. Also ``seeder ui``'s MLflow server, and every listener of preprocessing, training and a sweep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ENV, free_port
+from tests.sockets import descendants, is_loopback, listeners, ss_available, watch_command
+
+REPO = Path(__file__).resolve().parents[2]
+needs_ss = pytest.mark.skipif(not ss_available(),
+                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# A driver that starts Ray the way every entry point does, runs tasks and a Ray Data job, and then, with
+# `hold`, stays up until killed.
+DRIVER = """
+import os, sys, time
+from pipelines.ray_runtime import start_ray
+ray = start_ray(num_cpus=2, who="driver")
+@ray.remote
+def plus_one(x):
+    return x + 1
+assert ray.get([plus_one.remote(i) for i in range(4)]) == [1, 2, 3, 4]
+import ray.data
+assert ray.data.range(200, override_num_blocks=4).map_batches(lambda b: {"id": b["id"] * 2}).sum("id") == 39800
+print("node", ray.util.get_node_ip_address(), flush=True)
+print("ready", flush=True)
+if sys.argv[1:] == ["hold"]:
+    time.sleep(600)
+"""
+
+
+def driver_env() -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(ENV, RAY_raylet_start_wait_time_s="180", PYTHONPATH=path)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+def running(processes: dict[int, str | None]) -> set[int]:
+    """Those of ``processes`` (pid -> start time) that still run and are the same processes (not a reused pid)."""
+    alive = set()
+    for pid, started in processes.items():
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and start_time(pid) == started:
+            alive.add(pid)
+    return alive
+
+
+def wait_ready(proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.strip() == "ready":
+            return
+    proc.kill()
+    pytest.fail("the driver did not get ready:\n" + "".join(lines)[-3000:])
+
+
+def test_loopback_addresses():
+    for address in ("127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1"):
+        assert is_loopback(address), address
+    for address in ("*", "0.0.0.0", "::", "192.0.2.2", "::ffff:10.0.0.1", "fe80::1%eth0", ""):
+        assert not is_loopback(address), address
+
+
+@needs_ss
+@linux_only
+def test_embedded_ray_listens_on_loopback_only():
+    done, watch = watch_command([sys.executable, "-c", DRIVER], timeout=400, env=driver_env(), cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "node 127.0.0.1" in done.stdout
+    seen = {sock.name for sock in watch.inside.values()}
+    assert {"gcs_server", "raylet"} <= seen, f"the watch saw no Ray listener ({watch.samples} samples): {seen}"
+    assert not watch.outside, "Ray listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
+
+
+@pytest.mark.slow
+@needs_ss
+@linux_only
+def test_seeder_ui_listens_on_loopback_only(tmp_path):
+    port = free_port()
+    env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    seeder = str(Path(sys.executable).parent / "seeder")
+    proc = subprocess.Popen([seeder, "ui", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("seeder ui did not answer /health in 2 minutes")
+        tree = descendants(proc.pid)
+        mine = [sock for sock in listeners() if sock.pid in tree]
+        assert port in {sock.port for sock in mine}
+        assert all(is_loopback(sock.address) for sock in mine), "\n".join(map(str, mine))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the UI and its workers: their own session
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.slow
+@linux_only
+def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
+    env = driver_env()
+    live = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    killed = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_ready(live)
+        wait_ready(killed)
+        live_tree = {pid: start_time(pid) for pid in descendants(live.pid) - {live.pid}}
+        killed_tree = {pid: start_time(pid) for pid in descendants(killed.pid) - {killed.pid}}
+        assert len(killed_tree) >= 4  # GCS, raylet, agents, workers
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        time.sleep(2)  # the GCS and raylet die with their driver; its agents would linger for a minute or more
+
+        done = subprocess.run([sys.executable, "-c", DRIVER], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=400)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert not running(killed_tree), f"left running: {sorted(running(killed_tree))}\n{done.stderr[-2000:]}"
+        # The agents were still there when the next run started (they linger for a minute or more), and
+        # it stopped them: nothing of the live session among them.
+        notice = next(line for line in done.stderr.splitlines() if "left by an earlier run that was killed" in line)
+        stopped = {int(pid) for pid in notice.split("(pids ")[1].rstrip(")").split(", ")}
+        assert stopped <= set(killed_tree) and not stopped & set(live_tree), notice
+        assert running(live_tree) == set(live_tree), "a live session's processes were stopped"
+        assert live.poll() is None
+    finally:
+        for proc in (live, killed):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # ray.shutdown() through KeyboardInterrupt
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            proc.stdout.close()
+
+
+@pytest.mark.slow
+@needs_ss
+@linux_only
+def test_preprocess_train_and_sweep_listen_on_loopback_only(tmp_path):
+    """Every listener of the three jobs, sampled while they run: Ray's, Ray Data's, Ray Train's (gloo and
+    torch's rendezvous store) and Tune's."""
+    from tests.datasets import write_tiny_dataset
+
+    dataset = write_tiny_dataset(tmp_path / "ds", 160, seed=7, two_hop_answers=False, id_stride=7)
+    env = dict(driver_env(), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tiny = ["train.batch_size=8", "train.num_trajectories=4", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,12]"]
+    jobs = {
+        "preprocess": [str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset), "--out", str(tmp_path / "art"),
+                       "--num-cpus", "2", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine",
+                       "embed.hash_dim=32", "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
+        "train": [str(REPO / "pipelines" / "train.py"), "--artifacts", str(tmp_path / "art"), "--num-workers", "2",
+                  "--num-cpus", "2", "--out", str(tmp_path / "run"), "train.epochs=1", "model.hidden_dim=8", *tiny],
+        "sweep": [str(REPO / "tune" / "sweep.py"), "--artifacts", str(tmp_path / "art"), "--num-samples", "2",
+                  "--max-concurrent", "2", "--name", "loopback", "--storage", str(tmp_path / "ray"), "--epochs", "1",
+                  "--queries-per-epoch", "16", "--val-queries", "8", "--num-cpus", "2", *tiny],
+    }
+    for name, args in jobs.items():
+        done, watch = watch_command([sys.executable, *args], timeout=500, env=env, cwd=tmp_path)
+        assert done.returncode == 0, f"{name}:\n{done.stdout[-3000:]}"
+        assert {"gcs_server", "raylet"} <= {sock.name for sock in watch.inside.values()}, name
+        assert not watch.outside, f"{name} listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
