@@ -45,6 +45,32 @@ def tracking_uri(create: bool = True) -> str:
     return f"sqlite:///{(LOCAL_ROOT / 'mlflow.db').resolve()}"
 
 
+REACH_TIMEOUT_S = 5.0
+"""How long a remote tracking server gets to accept a connection before a command gives up."""
+
+
+def check_reachable(uri: str) -> None:
+    """A remote (http/https) tracking server must accept a TCP connection within ``REACH_TIMEOUT_S``:
+    MLflow's own client retries an unreachable server with backoff for minutes before it fails. Its
+    retries are also bounded (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless the user set them)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    host, port = parts.hostname or "localhost", parts.port or (443 if parts.scheme == "https" else 80)
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise DataError(f"MLflow tracking server {uri} cannot be reached ({exc.strerror or exc}); start it "
+                        f"(`seeder ui` or `mlflow server`), fix MLFLOW_TRACKING_URI, or pass --experiment none "
+                        f"where a command offers it") from None
+
+
 def _local_store_missing(uri: str) -> Path | None:
     if uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
@@ -58,6 +84,7 @@ def setup(experiment: str) -> str:
     import mlflow
 
     uri = tracking_uri()
+    check_reachable(uri)
     mlflow.set_tracking_uri(uri)
     found = mlflow.get_experiment_by_name(experiment)
     if found is not None:
@@ -103,6 +130,7 @@ def download_model(model: str) -> Path:
     if missing is not None:
         raise DataError(f"model {model}: no MLflow store at {missing}; run from the directory that holds runs/, or "
                         f"set MLFLOW_TRACKING_URI to the store the model was logged in ({URI_RULE})")
+    check_reachable(uri)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -149,7 +177,9 @@ def client(uri: str | None = None):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri or tracking_uri())
+    uri = uri or tracking_uri()
+    check_reachable(uri)
+    return MlflowClient(tracking_uri=uri)
 
 
 def log_params(run_id: str, params: dict[str, Any], uri: str | None = None) -> None:
