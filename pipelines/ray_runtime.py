@@ -12,6 +12,7 @@ that an earlier embedded run left behind when it was killed are stopped (``stop_
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import signal
@@ -32,6 +33,14 @@ NUM_CPUS_HELP = "CPUs of an embedded local Ray (default: all of this machine's)"
 QUIET_LOGGERS = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": "ERROR",
 }
+# The driver's routine notices: the token-auth default (token auth stays on), Ray Data's "progress bars
+# disabled" (we draw our own, seeder/progress.py) and its start/finish lines per dataset. Warnings and
+# errors of these loggers still show; everything is in the session's log folder, printed at start-up.
+QUIET_DRIVER_LOGGERS = {
+    "ray._private.authentication.authentication_token_setup": "ERROR",
+    "ray.data._internal.progress": "ERROR",
+    "ray.data._internal.execution.streaming_executor": "WARNING",
+}
 
 
 def quiet_ray_loggers() -> None:
@@ -42,7 +51,27 @@ def quiet_ray_loggers() -> None:
         logging.getLogger(name).setLevel(level)
 
 
-RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers"}
+# HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.
+# RAY_TRAIN_ENABLE_PRINT_PATCH=0: Ray Train would send a worker's print both to its stdout and through
+# the root logger, so every epoch line reached the terminal twice.
+RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers",
+               "env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+
+
+def quiet_driver_loggers() -> None:
+    import logging
+
+    for name, level in QUIET_DRIVER_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def print_log_folder(ray, who: str) -> None:
+    """Where the full logs are, since the terminal shows only warnings and errors."""
+    try:
+        folder = ray._private.worker.global_worker.node.get_logs_dir_path()  # no public API in 2.60
+    except Exception:
+        return
+    print(f"{who}: Ray's logs are in {folder}", file=sys.stderr, flush=True)
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -180,7 +209,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
-        ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV)
+        quiet_driver_loggers()
+        ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
         return ray
     loopback_only(ray)
     try:
@@ -190,8 +220,10 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
     # Ray gives its raylet a fixed time to register; on an overloaded machine that can fail once.
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
         try:
+            quiet_driver_loggers()
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=True, runtime_env=RUNTIME_ENV)
+                     log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
+            print_log_folder(ray, who)
             return ray
         except Exception as exc:  # Ray raises a bare Exception for a startup timeout
             ray.shutdown()

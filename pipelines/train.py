@@ -272,7 +272,7 @@ def run_training(
 
     Usable inside a Tune trial (a function trainable that needs several workers starts this; give the
     trial a small CPU share and ``cpus_per_worker`` the rest). Ray must be initialised by the caller."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from pipelines.torch_loopback import LoopbackTorchConfig
@@ -300,6 +300,8 @@ def run_training(
             # two latest are all a run needs, to resume and to export its best model.
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=max_failures),
+            # Ray Train's INFO lines (worker group start, process group set-up) stay in its log files.
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
     return trainer.fit()

@@ -81,8 +81,12 @@ def _local_store_missing(uri: str) -> Path | None:
 def setup(experiment: str) -> str:
     """Point MLflow at the tracking store and return the id of ``experiment`` (created if needed)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import logging
+
     import mlflow
 
+    # "Creating initial MLflow database tables..." on every new sqlite store: routine, not news.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     uri = tracking_uri()
     check_reachable(uri)
     mlflow.set_tracking_uri(uri)
