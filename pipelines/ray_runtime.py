@@ -45,10 +45,15 @@ QUIET_DRIVER_LOGGERS = {
 
 def quiet_ray_loggers() -> None:
     """``worker_process_setup_hook``: runs in every Ray worker process before it does any work."""
-    import logging
-
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    # Ray Train's "Reporting training result N: TrainingReport(...)" (all metrics, every epoch and rank)
+    # comes from a logger named by its file's path, which LoggingConfig's level does not reach.
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
 # HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.

@@ -80,13 +80,9 @@ def _local_store_missing(uri: str) -> Path | None:
 
 def setup(experiment: str) -> str:
     """Point MLflow at the tracking store and return the id of ``experiment`` (created if needed)."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import logging
-
+    quiet_mlflow()
     import mlflow
 
-    # "Creating initial MLflow database tables..." on every new sqlite store: routine, not news.
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     uri = tracking_uri()
     check_reachable(uri)
     mlflow.set_tracking_uri(uri)
@@ -135,7 +131,7 @@ def download_model(model: str) -> Path:
         raise DataError(f"model {model}: no MLflow store at {missing}; run from the directory that holds runs/, or "
                         f"set MLFLOW_TRACKING_URI to the store the model was logged in ({URI_RULE})")
     check_reachable(uri)
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_mlflow()
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -176,9 +172,17 @@ CURVE_PANELS = (
 RUN_FILE = "mlflow_run.json"
 
 
+def quiet_mlflow() -> None:
+    """No telemetry, and no "Creating initial MLflow database tables..." for every new sqlite store."""
+    import logging
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+
+
 def client(uri: str | None = None):
     """An ``MlflowClient`` on ``uri`` (default: ``tracking_uri()``); no active run is needed to log."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_mlflow()
     from mlflow import MlflowClient
 
     uri = uri or tracking_uri()

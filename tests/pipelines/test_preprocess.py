@@ -60,7 +60,16 @@ def reference(tiny_dataset, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("art") / "reference"
     result = run_job(tiny_dataset, out)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (out.parent / "terminal.txt").write_text(result.stdout + result.stderr)
     return out
+
+
+def test_the_terminal_shows_the_stages_not_rays_routine_notices(reference):
+    terminal = (reference.parent / "terminal.txt").read_text()
+    assert "embed: " in terminal and "subgraphs: " in terminal and "Ray's logs are in" in terminal
+    for routine in ("Token authentication is enabled", "Progress bars disabled", "Starting execution of Dataset",
+                    "Started a local Ray instance", "Loading weights"):
+        assert routine not in terminal, routine
 
 
 def _assert_same_artifacts(a: Path, b: Path) -> None:

@@ -112,6 +112,12 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_p
     # Ray's placement-group cleaner polls the State API, which needs the dashboard the embedded Ray runs
     # without; its warning every few seconds is silenced in every worker (pipelines.ray_runtime).
     assert "Failed to query Ray Train Controller" not in proc.stdout + proc.stderr
+    # Each epoch line once (Ray Train's print patch would send it twice); Ray Train's INFO lines and the
+    # MLflow store's set-up notices stay out of the terminal, and the log folder is named instead.
+    assert [line for line in proc.stdout.splitlines() if "epoch 3/3  loss" in line].__len__() == 1
+    for routine in ("Reporting training result", "Setting up process group", "Creating initial MLflow database"):
+        assert routine not in proc.stdout + proc.stderr, routine
+    assert "Ray's logs are in" in proc.stderr
 
     history = json.loads((out / "history.json").read_text())
     assert [row["epoch"] for row in history] == [1, 2, 3]
