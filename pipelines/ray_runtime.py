@@ -47,6 +47,12 @@ def quiet_ray_loggers() -> None:
     """``worker_process_setup_hook``: runs in every Ray worker process before it does any work."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    # Ray's State API (used by Ray Train's placement-group cleaner) finds "the" local cluster by looking
+    # for running ones, and raised a ConnectionError traceback whenever a second Ray ran on the machine.
+    import ray
+
+    if ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     # Ray Train's "Reporting training result N: TrainingReport(...)" (all metrics, every epoch and rank)
     # comes from a logger named by its file's path, which LoggingConfig's level does not reach.
     try:
