@@ -139,7 +139,10 @@ class SentenceTransformerEncoder:
                  batch_size: int = 64, max_seq_length: int = 256, name: str | None = None):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        # A local directory loads in a fraction of a second: no "Loading weights" bar for it.
+        transformers_logging.disable_progress_bar()
         self.device = resolve_device(device)
         # sentence-transformers 6.2 raises a TypeError on a pathlib.Path: pass a str.
         self.model = SentenceTransformer(str(path), device=self.device)
