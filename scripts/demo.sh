@@ -9,7 +9,8 @@ OUT=${SEEDER_DEMO_DIR:-runs/demo}
 CONFIG=configs/synth_default.yaml
 mkdir -p "$OUT"
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step header shows the time so far, so that a slow step stands out.
+step() { printf '\n== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 step "1/5 generate the synthetic relation-tracing graph (paper, Definition B.1) and validate it"
 seeder synth --config "$CONFIG" --out "$OUT/dataset" --overwrite
@@ -35,4 +36,4 @@ PY
 )
 seeder retrieve --model "$OUT/model/model" -k 5 "$question"
 
-printf '\nDone. Results: %s/test_metrics.json; runs: `seeder ui` then open http://127.0.0.1:5000\n' "$OUT"
+printf '\nDone in %dm%02ds. Results: %s/test_metrics.json; runs: `seeder ui` then open http://127.0.0.1:5000\n' $((SECONDS / 60)) $((SECONDS % 60)) "$OUT"

@@ -14,7 +14,9 @@ modulates its keys and values with an embedding of its relation text and directi
 inverse direction), the query and the source's state, so each layer projects the ``B x S x 2R``
 relation rows once and gathers them per edge.
 
-Everything uses torch-geometric's pure-torch ``softmax`` and ``scatter``: no compiled extension needed.
+The per-target softmax and sum are two scatter kernels of plain torch (``segment_softmax``,
+``segment_sum``): the same kernels PyG's pure-torch path runs on CPU, without importing PyG, whose
+import took longer than loading a model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import math
 
 import torch
 from torch import nn
-from torch_geometric.utils import scatter, softmax
 
 from seeder.config import ConfigError, ModelConfig
 
@@ -31,6 +32,22 @@ from seeder.config import ConfigError, ModelConfig
 MAX_HOP = 4
 # Expansion steps with their own state embedding (the paper uses T <= 3); later steps share the last.
 MAX_STEPS = 6
+
+
+def segment_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Sum the rows of ``src`` (``[E, ...]``) into ``num_segments`` rows by ``index`` (``[E]``)."""
+    out = src.new_zeros((num_segments, *src.shape[1:]))
+    return out.scatter_add_(0, index.view(-1, *([1] * (src.dim() - 1))).expand_as(src), src)
+
+
+def segment_softmax(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Softmax of ``src`` (``[E, ...]``) over the rows that share an ``index``: each target node's
+    incoming edges. The maximum is subtracted per segment for stability (no gradient through it)."""
+    expanded = index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
+    peak = src.new_zeros((num_segments, *src.shape[1:])).scatter_reduce_(
+        0, expanded, src.detach(), reduce="amax", include_self=False)
+    out = (src - peak.index_select(0, index)).exp()
+    return out / (segment_sum(out, index, num_segments) + 1e-16).index_select(0, index)
 
 
 def _mlp(in_dim: int, hidden: int, out_dim: int, dropout: float) -> nn.Sequential:
@@ -69,9 +86,9 @@ class EdgeModulatedAttention(nn.Module):
         ek = self.edge_key(relation_emb).view(-1, heads, dh).index_select(0, edge_type)
         ev = self.edge_value(relation_emb).view(-1, heads, dh).index_select(0, edge_type)
         logits = (q.index_select(0, dst) * k.index_select(0, src) * ek).sum(-1) / math.sqrt(dh)  # [E, H]
-        alpha = self.dropout(softmax(logits, dst, num_nodes=n))
+        alpha = self.dropout(segment_softmax(logits, dst, n))
         messages = alpha.unsqueeze(-1) * (v.index_select(0, src) + ev)
-        aggregated = scatter(messages, dst, dim=0, dim_size=n, reduce="sum").reshape(n, heads * dh)
+        aggregated = segment_sum(messages, dst, n).reshape(n, heads * dh)
         x = self.norm_attention(x + self.dropout(self.out(aggregated)))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seeder.config import ModelConfig
-from seeder.model import SeedERPolicy, count_parameters
+from seeder.model import SeedERPolicy, count_parameters, segment_softmax, segment_sum
 
 
 def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: int):
@@ -119,3 +119,19 @@ def test_bad_config_is_a_clear_error():
         SeedERPolicy(8, ModelConfig(query_injection="mul"))
     with pytest.raises(ConfigError, match="divisible"):
         SeedERPolicy(8, ModelConfig(hidden_dim=15, num_heads=2))
+
+
+def test_segment_softmax_and_sum_match_a_per_target_loop():
+    torch.manual_seed(0)
+    index = torch.tensor([3, 0, 3, 3, 1, 0, 3])  # target 2 has no incoming edge
+    logits = torch.randn(7, 2, dtype=torch.float64) * 50  # large values: the per-segment maximum matters
+    alpha = segment_softmax(logits, index, 4)
+    for target in range(4):
+        rows = index == target
+        if rows.any():
+            torch.testing.assert_close(alpha[rows], torch.softmax(logits[rows], dim=0))
+    messages = torch.randn(7, 2, 3, dtype=torch.float64)
+    summed = segment_sum(messages, index, 4)
+    for target in range(4):
+        torch.testing.assert_close(summed[target], messages[index == target].sum(0))
+    assert torch.isfinite(alpha).all() and (summed[2] == 0).all()
