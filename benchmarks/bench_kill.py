@@ -23,8 +23,8 @@ reference, and compares:
   register a champion.
 
 Also checked after each kill: a dataset directory that exists has a complete, verifying manifest (a killed
-import never looks complete). Prints one line per cycle and ``survived X/N, identical Y/N`` with the wall
-time. ``survived``: the rerun finished (rc 0) with nothing left half-written; ``identical``: and the outputs
+import never looks complete). Prints one line per cycle and ``survived X/N, identical Y/N`` with the number of
+kills that landed before their step finished, and the wall time. ``survived``: the rerun finished (rc 0) with nothing left half-written; ``identical``: and the outputs
 match the reference.
 """
 
@@ -314,13 +314,14 @@ def main(argv: list[str] | None = None) -> int:
 
     outputs = {"import": ["dataset"], "preprocess": ["artifacts"], "train": ["train"], "sweep": ["sweeps", "mlflow.db"]}
     rng = random.Random(args.seed)
-    survived = identical = 0
+    survived = identical = landed = 0
     again = commands(inputs, run, args.trainer, rerun=True)
     for cycle in range(1, args.cycles + 1):
         start = time.perf_counter()
         index = rng.randrange(len(steps))
         step = steps[index]
-        delay = rng.uniform(0.05, durations[step])
+        # Inside the reference duration, short of its end: a step that finishes first is no kill at all.
+        delay = rng.uniform(0.05, 0.9 * durations[step])
         # The state before the step: the reference outputs of the steps before it, nothing of the others.
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir()
@@ -330,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 (shutil.copytree if src.is_dir() else shutil.copy2)(src, run / name)
         rc, at = kill_at(first[step], run, log, delay)
         what = f"killed at {delay:.2f}s" if rc is None else f"finished before the kill (rc {rc})"
+        landed += rc is None
         problem = check_dataset_not_half_complete(run) if step == "import" else ""
         ok, differs = not problem, []
         for later in steps[index:]:
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({time.perf_counter() - start:.1f}s)", flush=True)
     total = time.perf_counter() - wall
     print(f"survived {survived}/{args.cycles}, identical {identical}/{args.cycles} "
-          f"(steps {','.join(steps)}, trainer {args.trainer}, seed {args.seed}; wall {total:.0f}s)", flush=True)
+          f"({landed} kills landed inside their step; steps {','.join(steps)}, trainer {args.trainer}, seed {args.seed}; wall {total:.0f}s)", flush=True)
     if not args.keep and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     elif args.keep:
