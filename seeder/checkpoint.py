@@ -166,8 +166,25 @@ def save_training(directory: str | Path, model: torch.nn.Module, info: ModelInfo
     return directory
 
 
+def recover_training(directory: str | Path) -> bool:
+    """Finish what a ``save_training`` killed between its two renames left: ``directory`` gone and the
+    previous checkpoint at ``.NAME.old``, which is put back (the epoch after it is trained again). Stale
+    staging directories of killed saves are removed. True when a checkpoint was put back."""
+    directory = Path(directory)
+    restored = False
+    old = directory.with_name(f".{directory.name}.old")
+    if not directory.exists() and is_checkpoint(old):
+        os.replace(old, directory)
+        restored = True
+    if directory.parent.is_dir():
+        for stale in directory.parent.glob(f".{directory.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return restored
+
+
 def load_training(directory: str | Path) -> tuple[SeedERPolicy, ModelInfo, dict[str, Any]]:
     directory = Path(directory)
+    recover_training(directory)
     if not (directory / TRAINER_FILE).is_file():
         raise DataError(f"{directory}: no {TRAINER_FILE}; not a training checkpoint (start without resuming, or "
                         "pass the run's last/ directory)")
@@ -176,4 +193,6 @@ def load_training(directory: str | Path) -> tuple[SeedERPolicy, ModelInfo, dict[
 
 
 def is_checkpoint(directory: str | Path) -> bool:
+    """Whether ``directory`` holds a complete training checkpoint (see ``recover_training`` for one that a
+    kill inside ``save_training`` moved aside)."""
     return (Path(directory) / TRAINER_FILE).is_file() and (Path(directory) / MODEL_DIR / DESCRIPTION_FILE).is_file()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -125,7 +126,8 @@ class ExpandConfig(Section):
     budget: int = 200
     """B: nodes kept in each query's bounded subgraph, seeds included (paper: 100-200)."""
     hops: int = 2
-    """K: hops of K-HOP-WITH-FILTERING."""
+    """K: hops of K-HOP-WITH-FILTERING; 0 (auto, together with ``keep_per_hop: []``) derives them from
+    the training split (seeder.derive)."""
     keep_per_hop: list[int] = field(default_factory=lambda: [60, 140])
     """b_h: nodes kept at each hop by filter score (the total is capped by ``budget``)."""
     neighbor_cap: int = 1_000
@@ -450,8 +452,8 @@ def _nest_flat_baselines(data: dict[str, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     methods = ("gretriever", "subgraphrag", "beam", "astar", "ppr", "mmr", "bm25")
     for key, value in data.items():
-        target = FLAT_BASELINE_KEYS.get(key)
-        if target is None:
+        target = FLAT_BASELINE_KEYS.get(key) if isinstance(key, str) else None
+        if target is None and isinstance(key, str):
             method = next((m for m in methods if key.startswith(m + "_")), None)
             target = (method, key[len(method) + 1 :]) if method else None
         if target is None:
@@ -539,30 +541,51 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+INT_LIMIT = 2**63 - 1
+"""Largest magnitude of an integer setting: every count and size ends up in an int64 (numpy, torch)."""
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` on one line, cut to ``limit`` characters (a stray mapping can be large)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key(key: Any) -> str:
+    """A key as written when it is printable, else its repr (so that an error stays on one line)."""
+    key = str(key)
+    return key if key.isprintable() else repr(key)
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check and convert one value against its field's type; int -> float is allowed."""
+    """Check and convert one value against its field's type; int -> float is allowed. NaN, infinities
+    and integers beyond int64 are refused here, when the config is loaded, not deep inside a stage."""
     origin = get_origin(annotation)
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping of {annotation.__name__} fields, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping of {annotation.__name__} fields, got {_show(value)}")
         return from_dict(annotation, value, prefix=f"{key}.")
     if origin is list:
         (item_type,) = get_args(annotation)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
+            raise ConfigError(f"{key}: expected a list, got {_show(value)}")
         return [_coerce(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation in (int, float) and isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_LIMIT:
+        raise ConfigError(f"{key}={_show(value)}: out of range; numbers must lie within +-{INT_LIMIT} (int64)")
     if annotation is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if annotation is float and isinstance(value, str):
         try:
-            return float(value)  # YAML 1.1 reads "1e-3" as a string
+            value = float(value)  # YAML 1.1 reads "1e-3" as a string
         except ValueError:
             pass
+    if annotation is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: not a finite number; give a finite value such as 0.001")
     if origin is Literal:
         return value  # the section checks the value (Section.__post_init__)
     if annotation in (int, float, str, bool):
         if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):
-            raise ConfigError(f"{key}: expected {annotation.__name__}, got {value!r}")
+            raise ConfigError(f"{key}: expected {annotation.__name__}, got {_show(value)}")
         return value
     return value
 
@@ -573,21 +596,36 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         data = _nest_flat_baselines(data)
     hints = get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
+    unknown = sorted(set(data) - set(names), key=str)  # YAML keys may be numbers, dates, None...
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]}; known keys here: {', '.join(names)}")
+        raise ConfigError(f"unknown key {_key(prefix + str(unknown[0]))}; known keys here: {', '.join(names)}")
     kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     return cls(**kwargs)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if any(not part.strip() for part in parts):
+        raise ConfigError(f"override {_key(dotted) or repr(dotted)}=...: a dotted key needs a name between every dot "
+                          "(for example train.lr=3e-4)")
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {dotted}: {part} is not a section")
+            raise ConfigError(f"override {_key(dotted)}: {_key(part)} is not a section")
     node[parts[-1]] = value
+
+
+def yaml_problem(exc: Exception) -> str:
+    """A YAML error on one line: ``line L, column C: problem`` (PyYAML's own message spans several lines,
+    the last one a caret under the offending character)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if isinstance(exc, yaml.reader.ReaderError):
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else _show(exc.character)
+        return f"character {exc.position + 1}: {char} is not allowed ({exc.reason})"
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + " ".join(str(problem or exc).split())
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -595,9 +633,16 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not KEY=VALUE (for example train.lr=3e-4)")
+            raise ConfigError(f"override {_show(item)} is not KEY=VALUE (for example train.lr=3e-4)")
         key, raw = item.split("=", 1)
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {_key(key.strip())}: value {_show(raw)} is not valid YAML "
+                              f"({yaml_problem(exc)}); quote it or fix it (lists are written [5,5])") from None
+        except RecursionError:
+            raise ConfigError(f"override {_key(key.strip())}: value nested too deeply") from None
+        _set_dotted(data, key.strip(), value)
     return data
 
 
@@ -633,9 +678,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass a YAML file such as configs/metaqa.yaml")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            raw = path.read_bytes()
+            text = raw.decode("utf-8-sig")
+            loaded = yaml.safe_load(text) or {}
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise ConfigError(f"config file {path}: line {line} is not valid UTF-8 (byte {raw[exc.start:exc.start + 1]!r}); "
+                              "save the file as UTF-8") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path}: nested too deeply to be a config") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
         data = loaded

@@ -329,6 +329,9 @@ def atomic_directory(target: str | Path, overwrite: bool = False, marker: str | 
     with output_lock(target):
         check_replaceable(target, overwrite, marker)
         target.parent.mkdir(parents=True, exist_ok=True)
+        # What a writer killed with SIGKILL left: it held this lock, so no live writer owns these.
+        for stale in [*target.parent.glob(f".{target.name}.partial-*"), *target.parent.glob(f".{target.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = target.parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:

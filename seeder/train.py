@@ -426,6 +426,8 @@ def train_run(
         torch.set_num_threads(config.train.num_threads)
     out_dir = Path(out_dir)
     last, best = out_dir / "last", out_dir / checkpoint.MODEL_DIR
+    if resume and checkpoint.recover_training(last):
+        log(f"put back {last} from the checkpoint a killed save had moved aside")
     if resume and checkpoint.is_checkpoint(last):
         state = load_state(last)
         log(f"resumed from {last} after epoch {state.epoch}")
@@ -461,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         config = training_config(artifacts.config, args.config, args.overrides)
         check_config(config)
         out = Path(args.out)
-        if not args.resume and checkpoint.is_checkpoint(out / "last"):
+        if not args.resume and (checkpoint.is_checkpoint(out / "last")
+                                or checkpoint.is_checkpoint(out / ".last.old")):
             raise DataError(f"{out / 'last'} already holds a training run; pass --resume to continue it, or choose another --out")
         train_data = QueryData.from_artifacts(artifacts, "train")
         val_data = QueryData.from_artifacts(artifacts, "val")

@@ -63,6 +63,8 @@ def read_kb(path: Path) -> tuple[pa.Array, pa.Array, pa.Array]:
             f"{path}: {bad.size} lines are not head|relation|tail, first lines {first_examples(line_no[bad])} "
             f"(e.g. {lines[int(bad[0])].as_py()!r}); fix or remove them"
         )
+    if len(lines) == 0:
+        raise DataError(f"{path}: no head|relation|tail lines; the knowledge base needs at least one triple")
     flat = pc.list_flatten(parts)
     heads, rels, tails = (pc.utf8_trim_whitespace(flat.take(pa.array(np.arange(k, len(flat), 3)))) for k in range(3))
     empty = np.flatnonzero(
@@ -134,7 +136,7 @@ def read_questions(path: Path, hop: int, names: pa.Array) -> tuple[pa.Table, dic
     flat = pc.list_flatten(parts)
     raw_question = flat.take(pa.array(np.arange(0, len(flat), 2)))
     answer_field = flat.take(pa.array(np.arange(1, len(flat), 2)))
-    topic = pc.extract_regex(raw_question, r"\[(?P<topic>[^\]]+)\]")
+    topic = pc.extract_regex(raw_question, r"\[(?P<topic>[^\]]*[^\]\s][^\]]*)\]")  # not blank inside
     no_topic = np.flatnonzero(pc.is_null(topic).to_numpy(zero_copy_only=False))
     if no_topic.size:
         raise DataError(

@@ -68,8 +68,9 @@ def _load_pickle(path: Path) -> Any:
     try:
         with open(path, "rb") as fh:
             return pickle.load(fh)  # trusted input only: see the module docstring and --help
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-        raise DataError(f"{path}: not a readable pickle ({exc}); re-download STaRK's processed/ folder") from None
+    except Exception as exc:  # damaged bytes raise many types (ValueError, OverflowError, MemoryError, ...)
+        raise DataError(f"{path}: not a readable pickle ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                        "re-download STaRK's processed/ folder") from None
 
 
 def _load_tensor(path: Path, dims: int) -> np.ndarray:
@@ -97,6 +98,11 @@ def read_kb(kb: str | Path) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str
     node_type_dict = _load_pickle(kb / "node_type_dict.pkl")
     edge_type_dict = _load_pickle(kb / "edge_type_dict.pkl")
     node_info = _load_pickle(kb / "node_info.pkl")
+    for name, table in (("node_type_dict.pkl", node_type_dict), ("edge_type_dict.pkl", edge_type_dict)):
+        if not isinstance(table, dict) or not table or not all(
+                isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in table):
+            raise DataError(f"{kb / name}: expected a non-empty dict of integer type id -> name, got "
+                            f"{type(table).__name__}; use STaRK's own {name}")
     if edge_index.shape[0] != 2:
         raise DataError(f"{kb / 'edge_index.pt'}: shape {edge_index.shape}, expected [2, E]")
     if edge_types.shape[0] != edge_index.shape[1]:
@@ -104,6 +110,13 @@ def read_kb(kb: str | Path) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str
             f"{kb / 'edge_types.pt'}: {edge_types.shape[0]} types for {edge_index.shape[1]} edges in edge_index.pt"
         )
     n = node_types.shape[0]
+    outside = np.flatnonzero(((edge_index < 0) | (edge_index >= n)).any(axis=0))
+    if outside.size:
+        raise DataError(
+            f"{kb / 'edge_index.pt'}: {outside.size} edges name nodes outside 0..{n - 1} (the {n} nodes of "
+            f"node_types.pt), first edges {first_examples(outside)} with ends "
+            f"{first_examples(tuple(edge_index[:, i].tolist()) for i in outside[:5])}; use the files of one STaRK release"
+        )
     unknown_types = np.setdiff1d(np.unique(node_types), np.array(sorted(node_type_dict), dtype=np.int64))
     if unknown_types.size:
         raise DataError(
@@ -111,6 +124,12 @@ def read_kb(kb: str | Path) -> tuple[pa.Table, pa.Table, pa.Table, dict[str, str
         )
     if not isinstance(node_info, dict):
         raise DataError(f"{kb / 'node_info.pkl'}: expected a dict node id -> fields, got {type(node_info).__name__}")
+    not_fields = [k for k, v in node_info.items() if v is not None and not isinstance(v, dict)]
+    if not_fields:
+        raise DataError(
+            f"{kb / 'node_info.pkl'}: {len(not_fields)} values are not dicts of fields, first node ids "
+            f"{first_examples(not_fields)} (e.g. a {type(node_info[not_fields[0]]).__name__}); use STaRK's own node_info.pkl"
+        )
     extra = [k for k in node_info if not (isinstance(k, (int, np.integer)) and 0 <= k < n)]
     if extra:
         raise DataError(

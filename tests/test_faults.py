@@ -1,0 +1,264 @@
+"""Fault injection: kill -9 at random (seeded) points of the import, each preprocessing stage, training and a
+sweep, then rerun the way a user would and compare with an uninterrupted run.
+
+The quick tests kill the import (at random delays and at the two windows that matter: just before the
+manifest is written and between the renames of an overwrite) and training inside its checkpoint save. The
+slow ones run the whole pipeline on Ray. The helpers (the pipeline's commands, the kill of a whole
+process group, the comparisons) are those of ``benchmarks/bench_kill.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_kill", REPO / "benchmarks" / "bench_kill.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+SEED = int(os.environ.get("FAULT_SEED", 0))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("inputs")
+    bench.make_inputs(root)
+    return root
+
+
+def _run(cmd, cwd: Path, **extra_env) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env={**bench.step_env(cwd), **extra_env}, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _killed_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (it is expected to SIGKILL itself at the point it patches in)."""
+    return _run([sys.executable, "-c", code, *args], cwd)
+
+
+def kill_after_rename(module: str, condition: str, main: str) -> str:
+    """Code that runs ``main``'s CLI with ``module``'s ``os.replace`` SIGKILLing the process right after a
+    rename for which ``condition`` (on ``src``, ``dst``) holds."""
+    return (
+        f"import os, signal, sys, {module} as target\n"
+        "class Os:\n"
+        "    def __getattr__(self, name): return getattr(os, name)\n"
+        "    @staticmethod\n"
+        "    def replace(src, dst):\n"
+        "        os.replace(src, dst)\n"
+        f"        if {condition}: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "target.os = Os()\n"
+        f"from {main} import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+
+
+# -- import ----------------------------------------------------------------------------------------------
+
+
+def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    first = bench.commands(inputs, run, "local", rerun=False)["import"]
+    again = bench.commands(inputs, run, "local", rerun=True)["import"]
+    done = _run(first, run)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = bench.snapshot(run, "import")
+    shutil.rmtree(run / "dataset")
+
+    # Killed at the two windows that matter: before the manifest exists, and between the renames of an
+    # overwrite (the old dataset moved aside, the new one not yet in place).
+    before_manifest = (
+        "import os, signal, sys, seeder.store as s\n"
+        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+        "s.write_manifest = die\n"
+        "from seeder.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    between_renames = kill_after_rename("seeder.io", "'.old-' in str(dst)", "seeder.cli")
+    rng = random.Random(SEED)
+    kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
+    kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.3, 2.0) for _ in range(2))]
+    for what, code, cmd in kills:
+        if code is not None:
+            if "renames" in what:  # an overwrite needs a dataset to replace
+                assert _run(first, run).returncode == 0
+            killed = _killed_python(code, run, *cmd[3:])
+            assert killed.returncode == -9, f"{what}: {killed.returncode} {killed.stderr[-2000:]}"
+        else:
+            rc, _ = bench.kill_at(cmd, run, tmp_path / "steps.log", float(what.split()[1][:-1]))
+        # Never something that looks complete but is not.
+        assert bench.check_dataset_not_half_complete(run) == "", what
+        if code is not None:
+            assert not (run / "dataset" / "manifest.json").exists(), what
+        rerun = _run(again, run)
+        assert rerun.returncode == 0, f"{what}: {rerun.stderr[-2000:]}"
+        assert bench.same("import", reference, bench.snapshot(run, "import")) == "", what
+        assert not [p for p in run.iterdir() if ".partial-" in p.name or ".old-" in p.name], what
+        shutil.rmtree(run / "dataset")
+
+
+# -- training --------------------------------------------------------------------------------------------
+
+from tests.pipelines.test_train import artifacts  # noqa: E402,F401  (hand-written artifacts, no Ray)
+
+KILL_INSIDE_SAVE = kill_after_rename("seeder.checkpoint", "str(dst).endswith('.last.old')", "seeder.train")
+
+
+def _train_cmd(artifacts: Path, out: Path, resume: bool) -> list[str]:
+    return [sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out", str(out), "--experiment",
+            "none", *bench.TRAIN] + (["--resume"] if resume else [])
+
+
+def test_a_kill_inside_the_checkpoint_save_resumes_to_the_same_model(artifacts, tmp_path):  # noqa: F811
+    reference = tmp_path / "reference"
+    done = _run(_train_cmd(artifacts, reference, False), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "killed"
+    # The second epoch's save: the first epoch's checkpoint moved aside, the new one not yet in place.
+    killed = _killed_python(KILL_INSIDE_SAVE, tmp_path, *_train_cmd(artifacts, out, False)[3:])
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert not (out / "last").exists() and (out / ".last.old").is_dir()
+    resumed = _run(_train_cmd(artifacts, out, True), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "put back" in resumed.stdout and "resumed from" in resumed.stdout and "after epoch 1" in resumed.stdout
+    assert bench.same("train", bench.training_outputs(reference), bench.training_outputs(out)) == ""
+    assert not list(out.glob(".last*"))
+
+
+@pytest.mark.slow
+def test_kills_at_random_points_of_training_resume_to_the_same_model(artifacts, tmp_path):  # noqa: F811
+    reference = tmp_path / "reference"
+    start = time.perf_counter()
+    assert _run(_train_cmd(artifacts, reference, False), tmp_path).returncode == 0
+    duration = time.perf_counter() - start
+    expected = bench.training_outputs(reference)
+    rng = random.Random(SEED)
+    for i in range(3):
+        out = tmp_path / f"killed{i}"
+        delay = rng.uniform(0.5, duration)
+        bench.kill_at(_train_cmd(artifacts, out, False), tmp_path, tmp_path / "steps.log", delay)
+        resumed = _run(_train_cmd(artifacts, out, True), tmp_path)
+        assert resumed.returncode == 0, f"killed after {delay:.2f}s: {resumed.stderr[-3000:]}"
+        assert bench.same("train", expected, bench.training_outputs(out)) == "", f"killed after {delay:.2f}s"
+
+
+# -- the pipeline on Ray -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference_pipeline(inputs, tmp_path_factory):
+    """The uninterrupted import -> preprocess -> train (Ray Train, one worker), kept for comparison."""
+    ref = tmp_path_factory.mktemp("reference") / "run"
+    ref.mkdir()
+    cmds = bench.commands(inputs, ref, "ray", rerun=False)
+    durations, snapshots = {}, {}
+    for step in ("import", "preprocess", "train"):
+        start = time.perf_counter()
+        done = _run(cmds[step], ref)
+        assert done.returncode == 0, f"{step}: {done.stdout[-2000:]} {done.stderr[-3000:]}"
+        durations[step] = time.perf_counter() - start
+        snapshots[step] = bench.snapshot(ref, step)
+    return ref, durations, snapshots
+
+
+def _fresh_run(ref: Path, tmp_path: Path, steps: list[str]) -> Path:
+    """A copy of the reference run at the reference's own path (paths are recorded in manifests), holding
+    only the outputs of ``steps``."""
+    shutil.rmtree(ref.with_name("saved"), ignore_errors=True)
+    os.replace(ref, ref.with_name("saved"))
+    ref.mkdir()
+    names = {"import": "dataset", "preprocess": "artifacts", "train": "train"}
+    for step in steps:
+        shutil.copytree(ref.with_name("saved") / names[step], ref / names[step])
+    return ref
+
+
+def _restore(ref: Path) -> None:
+    shutil.rmtree(ref, ignore_errors=True)
+    os.replace(ref.with_name("saved"), ref)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["embed", "features", "seeds", "subgraphs"])
+def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(reference_pipeline, inputs, tmp_path,
+                                                                              stage):
+    ref, _, snapshots = reference_pipeline
+    run = _fresh_run(ref, tmp_path, ["import"])
+    try:
+        cmd = bench.commands(inputs, run, "ray", rerun=False)["preprocess"]
+        with open(tmp_path / "steps.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run,
+                                    start_new_session=True)
+            # The embedding stage runs for seconds; the others take milliseconds on this graph, so they are
+            # caught as the stage before them completes, then after a random delay of up to 0.2 s.
+            trigger = {"embed": ".embed.partial", "features": "embed/manifest.json", "seeds": "features/manifest.json",
+                       "subgraphs": "seeds/manifest.json"}[stage]
+            reached = _wait_for(run / "artifacts" / trigger, proc)
+            time.sleep(random.Random(f"{SEED}-{stage}").uniform(0.0, 0.2 if stage != "embed" else 1.0))
+            bench.kill_group(proc)
+        assert reached, f"preprocess ended before reaching {stage}"
+        assert not (run / "artifacts" / "subgraphs" / "manifest.json").exists()
+        rerun = _run(cmd, run)
+        assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
+        assert bench.same("preprocess", snapshots["preprocess"], bench.snapshot(run, "preprocess")) == ""
+        assert bench.leftovers(run / "artifacts") == []
+    finally:
+        _restore(ref)
+
+
+@pytest.mark.slow
+def test_a_kill_during_ray_training_resumes_to_the_same_model(reference_pipeline, inputs, tmp_path):
+    ref, durations, snapshots = reference_pipeline
+    run = _fresh_run(ref, tmp_path, ["import", "preprocess"])
+    try:
+        delay = random.Random(SEED).uniform(durations["train"] * 0.5, durations["train"] * 0.9)
+        rc, _ = bench.kill_at(bench.commands(inputs, run, "ray", rerun=False)["train"], run, tmp_path / "steps.log", delay)
+        assert rc is None, "training finished before the kill"
+        assert not (run / "train" / "model").exists() or not (run / "train" / "history.json").exists()
+        resumed = _run(bench.commands(inputs, run, "ray", rerun=True)["train"], run)
+        assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+        assert bench.same("train", snapshots["train"], bench.snapshot(run, "train")) == ""
+    finally:
+        _restore(ref)
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_and_finishes_every_trial(reference_pipeline, inputs, tmp_path):
+    ref, _, _ = reference_pipeline
+    run = _fresh_run(ref, tmp_path, ["import", "preprocess"])
+    try:
+        cmd = bench.commands(inputs, run, "ray", rerun=False)["sweep"]
+        with open(tmp_path / "steps.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run,
+                                    start_new_session=True)
+            # Inside the first trial: its directory exists (the experiment state is saved every 2 s).
+            reached = _wait_for(run / "sweeps" / "s" / "seeder_sweep.json", proc)
+            time.sleep(random.Random(SEED).uniform(2.0, 6.0))
+            bench.kill_group(proc)
+        assert reached, (tmp_path / "steps.log").read_text()[-3000:]
+        resumed = _run(bench.commands(inputs, run, "ray", rerun=True)["sweep"], run)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert "champion:" in resumed.stdout
+        assert bench.snapshot(run, "sweep")["trials"] == 2
+    finally:
+        _restore(ref)
