@@ -32,7 +32,7 @@ from seeder.storage import is_uri
 
 
 def make_ray_ranker(artifacts: str | Path, split: str, address: str | None = None, num_cpus: int | None = None,
-                    actors: int | None = None) -> Callable[..., dict[str, Any]]:
+                    actors: int | None = None, accept_mismatch: bool = False) -> Callable[..., dict[str, Any]]:
     """A ``ray_ranker`` for ``seeder.benchmark.run_benchmark``: ranks the benchmark's queries in
     blocks of ``block_queries`` on an actor pool (one actor per CPU unless ``actors`` is given)."""
     # Actors run in their own directories (and, on a cluster, on other nodes, which fetch a URI themselves).
@@ -50,7 +50,7 @@ def make_ray_ranker(artifacts: str | Path, split: str, address: str | None = Non
             bm.BlockRanker,
             fn_constructor_kwargs={
                 "artifacts_path": location, "split": split, "methods": list(methods),
-                "config": to_dict(config), "model": model, "num_threads": 1,
+                "config": to_dict(config), "model": model, "num_threads": 1, "accept_mismatch": accept_mismatch,
             },
             compute=ray.data.ActorPoolStrategy(size=pool),
             batch_size=max(1, int(block_queries)),
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     add_ray_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        return bm.run(args, ray_ranker=make_ray_ranker(args.artifacts, args.split, args.ray_address, args.num_cpus))
+        return bm.run(args, ray_ranker=make_ray_ranker(args.artifacts, args.split, args.ray_address, args.num_cpus,
+                                                       accept_mismatch=args.accept_mismatch))
     except (DataError, ConfigError, FileNotFoundError) as exc:
         print(f"pipelines/benchmark.py: error: {exc}", file=sys.stderr)
         return 2

@@ -189,14 +189,15 @@ class BlockRanker:
     ``m/set_size`` [B] and ``m/seconds`` (the block's ranking time spread evenly over its rows)."""
 
     def __init__(self, artifacts_path: str, split: str, methods: list[str], config: dict, model: str | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, accept_mismatch: bool = False):
         from seeder.artifacts import open_artifacts
 
         if num_threads:
             import torch
 
             torch.set_num_threads(num_threads)  # Ray gives actors OMP_NUM_THREADS=1
-        self.artifacts = open_artifacts(artifacts_path)
+        # The driver checked the fingerprints first; a mismatch it was told to accept is accepted here too.
+        self.artifacts = open_artifacts(artifacts_path, accept_mismatch=accept_mismatch)
         config = from_dict(SeederConfig, config)
         self.methods = list(methods)
         self.subgraphs = self.artifacts.subgraphs(split=split)
