@@ -19,16 +19,44 @@ from typing import Callable, TextIO
 MODES = ("auto", "bar", "lines", "off")
 
 
+DEFAULT_EVERY_S = 30.0
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    # A display setting must not stop a long run: a bad value is said once, and the default used.
+    if message not in _warned:
+        _warned.add(message)
+        print(f"seeder: {message}", file=sys.stderr, flush=True)
+
+
 def display_mode(stream: TextIO) -> str:
     """``bar``, ``lines`` or ``off`` for ``stream``, from ``SEEDER_PROGRESS`` (default ``auto``: a bar on
-    a terminal, lines elsewhere)."""
+    a terminal, lines elsewhere). An unknown value is reported once and read as ``auto``."""
     setting = os.environ.get("SEEDER_PROGRESS", "auto").strip().lower() or "auto"
     if setting not in MODES:
-        raise ValueError(f"SEEDER_PROGRESS={setting!r}: use one of {', '.join(MODES)}")
+        _warn_once(f"SEEDER_PROGRESS={setting!r} is not one of {', '.join(MODES)}; using auto")
+        setting = "auto"
     if setting != "auto":
         return setting
     isatty = getattr(stream, "isatty", None)
     return "bar" if isatty is not None and isatty() else "lines"
+
+
+def every_seconds() -> float:
+    """Seconds between two progress lines, from ``SEEDER_PROGRESS_EVERY`` (a bad value: reported once,
+    the default used)."""
+    raw = os.environ.get("SEEDER_PROGRESS_EVERY", "").strip()
+    if not raw:
+        return DEFAULT_EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        _warn_once(f"SEEDER_PROGRESS_EVERY={raw!r} is not a number of seconds >= 0; using {DEFAULT_EVERY_S:g}")
+        return DEFAULT_EVERY_S
+    return value
 
 
 def format_seconds(seconds: float) -> str:
@@ -51,7 +79,7 @@ class Progress:
         self.total, self.desc, self.unit = int(total), desc, unit
         self.stream = stream if stream is not None else sys.stderr
         self.mode = "lines" if log is not None else display_mode(self.stream)
-        self.every = float(os.environ.get("SEEDER_PROGRESS_EVERY", 30.0)) if every is None else float(every)
+        self.every = every_seconds() if every is None else float(every)
         self.log = log or (lambda line: print(line, file=self.stream, flush=True))
         self.done = 0
         self.start = self.last = time.perf_counter()

@@ -1,7 +1,6 @@
 import io
 import time
 
-import pytest
 
 from seeder.progress import Progress, display_mode, format_seconds
 
@@ -47,9 +46,22 @@ def test_the_environment_switches_progress_off_or_forces_a_mode(monkeypatch):
     assert terminal.getvalue() == ""
     monkeypatch.setenv("SEEDER_PROGRESS", "lines")
     assert display_mode(Terminal()) == "lines"
+
+
+
+def test_a_bad_progress_setting_is_said_once_and_the_default_used(monkeypatch, capsys):
+    """A display setting must not stop a run that has been working for hours."""
     monkeypatch.setenv("SEEDER_PROGRESS", "loud")
-    with pytest.raises(ValueError, match="SEEDER_PROGRESS='loud'"):
-        display_mode(io.StringIO())
+    monkeypatch.setenv("SEEDER_PROGRESS_EVERY", "abc")
+    assert display_mode(io.StringIO()) == "lines" and display_mode(Terminal()) == "bar"
+    log = io.StringIO()
+    for _ in range(2):
+        with Progress(2, "embed", "texts", stream=log) as bar:
+            bar.update(1)
+            assert bar.every == 30.0
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["seeder: SEEDER_PROGRESS='loud' is not one of auto, bar, lines, off; using auto",
+                   "seeder: SEEDER_PROGRESS_EVERY='abc' is not a number of seconds >= 0; using 30"]
 
 
 def test_seconds_are_shown_as_minutes_or_hours():
