@@ -1,7 +1,6 @@
 import io
 import time
 
-
 from seeder.progress import Progress, display_mode, format_seconds
 
 
