@@ -70,8 +70,6 @@ RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_log
 
 
 def quiet_driver_loggers() -> None:
-    import logging
-
     for name, level in QUIET_DRIVER_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
 

@@ -144,6 +144,12 @@ def load_model(directory: str | Path) -> tuple[SeedERPolicy, ModelInfo]:
 # -- training checkpoints ------------------------------------------------------------------------
 
 
+def moved_aside(directory: str | Path) -> Path:
+    """Where ``save_training`` keeps the previous checkpoint between its two renames (``.NAME.old``)."""
+    directory = Path(directory)
+    return directory.with_name(f".{directory.name}.old")
+
+
 def save_training(directory: str | Path, model: torch.nn.Module, info: ModelInfo, trainer: dict[str, Any]) -> Path:
     """A resumable checkpoint: ``directory/model`` plus ``directory/trainer.pt``. Written into a
     sibling temporary directory and renamed, so a crash never leaves a half checkpoint in place."""
@@ -154,7 +160,7 @@ def save_training(directory: str | Path, model: torch.nn.Module, info: ModelInfo
         save_model(staging / MODEL_DIR, model, info)
         torch.save(trainer, staging / TRAINER_FILE)
         if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
+            old = moved_aside(directory)
             shutil.rmtree(old, ignore_errors=True)
             os.replace(directory, old)
             os.replace(staging, directory)
@@ -172,7 +178,7 @@ def recover_training(directory: str | Path) -> bool:
     staging directories of killed saves are removed. True when a checkpoint was put back."""
     directory = Path(directory)
     restored = False
-    old = directory.with_name(f".{directory.name}.old")
+    old = moved_aside(directory)
     if not directory.exists() and is_checkpoint(old):
         os.replace(old, directory)
         restored = True

@@ -34,18 +34,21 @@ MAX_HOP = 4
 MAX_STEPS = 6
 
 
+def _per_row(index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``index`` (``[E]``) broadcast over the trailing dimensions of ``src`` (``[E, ...]``), as scatter wants."""
+    return index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
+
+
 def segment_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Sum the rows of ``src`` (``[E, ...]``) into ``num_segments`` rows by ``index`` (``[E]``)."""
-    out = src.new_zeros((num_segments, *src.shape[1:]))
-    return out.scatter_add_(0, index.view(-1, *([1] * (src.dim() - 1))).expand_as(src), src)
+    return src.new_zeros((num_segments, *src.shape[1:])).scatter_add_(0, _per_row(index, src), src)
 
 
 def segment_softmax(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
     """Softmax of ``src`` (``[E, ...]``) over the rows that share an ``index``: each target node's
     incoming edges. The maximum is subtracted per segment for stability (no gradient through it)."""
-    expanded = index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
     peak = src.new_zeros((num_segments, *src.shape[1:])).scatter_reduce_(
-        0, expanded, src.detach(), reduce="amax", include_self=False)
+        0, _per_row(index, src), src.detach(), reduce="amax", include_self=False)
     out = (src - peak.index_select(0, index)).exp()
     return out / (segment_sum(out, index, num_segments) + 1e-16).index_select(0, index)
 

@@ -11,14 +11,13 @@ One display for the whole tool (embedding, preprocessing blocks, training epochs
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from typing import Callable, TextIO
 
 MODES = ("auto", "bar", "lines", "off")
-
-
 DEFAULT_EVERY_S = 30.0
 _warned: set[str] = set()
 
@@ -53,7 +52,7 @@ def every_seconds() -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value >= 0 or value == float("inf"):
+    if not (math.isfinite(value) and value >= 0):
         _warn_once(f"SEEDER_PROGRESS_EVERY={raw!r} is not a number of seconds >= 0; using {DEFAULT_EVERY_S:g}")
         return DEFAULT_EVERY_S
     return value

@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         check_config(config)
         out = Path(args.out)
         if not args.resume and (checkpoint.is_checkpoint(out / "last")
-                                or checkpoint.is_checkpoint(out / ".last.old")):
+                                or checkpoint.is_checkpoint(checkpoint.moved_aside(out / "last"))):
             raise DataError(f"{out / 'last'} already holds a training run; pass --resume to continue it, or choose another --out")
         train_data = QueryData.from_artifacts(artifacts, "train")
         val_data = QueryData.from_artifacts(artifacts, "val")

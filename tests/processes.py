@@ -21,6 +21,19 @@ with output_lock(sys.argv[1]):
 """
 
 
+def stop_gracefully(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGINT (a Ray driver then runs ``ray.shutdown()``), SIGKILL after ``timeout``; closes its stdout."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 @contextlib.contextmanager
 def lock_held_by_another_process(out: str | os.PathLike) -> Iterator[subprocess.Popen]:
     """Yield a live process that holds ``output_lock(out)``; it is killed with SIGKILL on exit, as a

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ENV, free_port
+from tests.processes import stop_gracefully
 from tests.sockets import descendants, is_loopback, listeners, ss_available, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,14 +179,7 @@ def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
         assert live.poll() is None
     finally:
         for proc in (live, killed):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # ray.shutdown() through KeyboardInterrupt
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            proc.stdout.close()
+            stop_gracefully(proc)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -284,6 +283,7 @@ def test_another_ray_on_the_machine_leaves_the_terminal_clean(artifacts, tmp_pat
     """Ray Train's placement-group cleaner asks Ray's State API for "the" local cluster; with a second Ray
     running it printed a ConnectionError traceback every few seconds (issue 15)."""
     from tests.pipelines.test_ray_runtime import DRIVER, driver_env, wait_ready
+    from tests.processes import stop_gracefully
 
     other = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=driver_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -292,13 +292,7 @@ def test_another_ray_on_the_machine_leaves_the_terminal_clean(artifacts, tmp_pat
         proc = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--out", str(tmp_path / "run"),
                           "--no-mlflow", *TINY, "train.epochs=2"], tmp_path)
     finally:
-        other.send_signal(signal.SIGINT)
-        try:
-            other.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            other.kill()
-            other.wait()
-        other.stdout.close()
+        stop_gracefully(other)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "epoch 2/2  loss" in proc.stdout
     terminal = proc.stdout + proc.stderr
