@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -151,6 +152,17 @@ class Artifacts:
     def seeds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(query_ids [Q], seeds [Q, k0] int64 padded -1, seed_scores [Q, k0] float32)."""
         return read_seed_table(self._require("seeds") / "seeds.parquet")
+
+    def prior(self):
+        """The relation-path prior of ``expand.relation_score: learned`` (``seeder.retrieve.prior``)."""
+        from seeder.retrieve.prior import RelationPathPrior
+
+        return RelationPathPrior.load(self._require("prior"))
+
+    def query_texts(self, ids: np.ndarray) -> list[str]:
+        """The text of the dataset's queries ``ids``, in that order."""
+        rows = self.dataset.query_rows(np.asarray(ids, dtype=np.int64))
+        return self.dataset.queries.column("text").take(pa.array(rows)).to_pylist()
 
     def subgraphs(self, split: str | None = None) -> SubgraphSet:
         return SubgraphSet.read(self._require("subgraphs"), split=split)

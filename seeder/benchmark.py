@@ -401,12 +401,15 @@ def budget_curves(
         raise DataError(f"{artifacts.path}/seeds: some {split} queries have no seeds; rerun the seeds stage")
     kg = artifacts.dataset
     graph = GraphIndex.build(kg)
+    prior = artifacts.prior() if config.expand.relation_score == "learned" else None
+    texts = artifacts.query_texts(subgraphs.query_ids) if prior is not None else None
     for budget in budgets:
         expand = scaled_expand_config(config.expand, budget)
         start = time.perf_counter()
         expanded = expand_queries(
             kg, artifacts.node_features, artifacts.relation_features, features, seeds[rows], seed_scores[rows], expand,
             subgraphs.query_ids, subgraphs.splits, subgraphs.answer_ptr, subgraphs.answers, graph=graph,
+            prior=prior, texts=texts,
         )
         ceiling = subgraph_ceiling(expanded)["all"]
         curves["khop"][budget] = {"hit_any": ceiling["hit_any"], "recall_any": ceiling["recall_any"], "set_size": ceiling["size"]}

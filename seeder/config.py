@@ -179,6 +179,11 @@ class PriorConfig(Section):
     """The prior's vocabulary: at most this many relation paths, the most frequent targets first."""
     hidden_dim: int = 256
     """Hidden width of the prior's two-layer MLP (query features -> relation paths)."""
+    wording_dim: int = 1024
+    """Width of the hashed wording features the prior also reads: the question's words, word pairs and
+    each word's distance to its seed's name, with the name masked (``seeder.retrieve.wording``). They
+    say which relation comes at which hop, which a sentence embedding of the whole question blurs.
+    0 reads the query embedding and the seeds' relations only."""
     epochs: int = 60
     """Most training epochs of the prior (it stops earlier when the held-out loss stops improving)."""
     patience: int = 5
@@ -213,6 +218,10 @@ class ModelConfig(Section):
     question comes first ("the r2 of the r1 of X" against "the r1 of the r2 of X"): a bilinear query-relation
     match per source state. Off is the paper's model; it adds (MAX_STEPS + 2 + 1) x feature_dim x
     hidden_dim parameters."""
+    path_end_residual: bool = True
+    """Add w * path_end to every final score, with w learnt (starting at 1): the ranking starts from
+    the relation-path prior's log mass ending at the node's path and the scoring head learns the
+    corrections. No effect with the cosine filter, whose path_end is 0. Off is the paper's scoring head."""
 
 
 @dataclass

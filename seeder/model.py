@@ -139,6 +139,8 @@ class SeedERPolicy(nn.Module):
         self.query_context = nn.Linear(feature_dim, hidden)
         self.expansion_head = _mlp(3 * hidden, hidden, 1, config.dropout)
         self.scoring_head = _mlp(3 * hidden, hidden, 2, config.dropout)
+        # The prior's path_end as a residual of the final score (model.path_end_residual).
+        self.path_end_weight = nn.Parameter(torch.ones(())) if config.path_end_residual else None
 
     # -- pieces called by the rollout -------------------------------------------------------------
 
@@ -212,10 +214,14 @@ class SeedERPolicy(nn.Module):
         """g(h_u, z_q): one logit per node. h [n, hidden], query_ctx [n, hidden] -> [n]."""
         return self.expansion_head(torch.cat([h, query_ctx, h * query_ctx], -1)).squeeze(-1)
 
-    def scores(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:
-        """Final score: difference of the scoring head's two-class logits (paper, Appendix D.5) -> [n]."""
+    def scores(self, h: torch.Tensor, query_ctx: torch.Tensor, path_end: torch.Tensor) -> torch.Tensor:
+        """Final score: difference of the scoring head's two-class logits (paper, Appendix D.5), plus
+        ``w * path_end`` [n] with ``model.path_end_residual`` -> [n]."""
         two = self.scoring_head(torch.cat([h, query_ctx, h * query_ctx], -1))
-        return two[:, 1] - two[:, 0]
+        score = two[:, 1] - two[:, 0]
+        if self.path_end_weight is None:
+            return score
+        return score + self.path_end_weight * path_end.to(score.dtype)
 
     def forward(
         self,
@@ -239,7 +245,7 @@ class SeedERPolicy(nn.Module):
         typed = node_graph[edge_index[1]] * relation_features.shape[0] + edge_type
         h = self.propagate(state, selected, edge_index, typed, relation_emb)
         ctx = self.query_context(node_query)
-        return h, self.expansion_logits(h, ctx), self.scores(h, ctx)
+        return h, self.expansion_logits(h, ctx), self.scores(h, ctx, path_end)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -531,21 +531,26 @@ def read_golden_paths(directory: Path) -> pa.Table:
 def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
     """Fit the relation-path prior on the golden paths (training questions only) and save it."""
     from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
+    from seeder.retrieve.wording import question_form, seed_names
 
     golden = read_golden_paths(artifacts / "paths")
     query_ids = train_query_ids(kg)
     all_ids = np.load(artifacts / "features" / "query_ids.npy")
     query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")[np.searchsorted(all_ids, query_ids)]
     seed_qids, seeds, _ = read_seed_table(artifacts / "seeds" / "seeds.parquet")
-    profile = seed_relation_profile(kg.indptr, kg.edge_relations, seeds[np.searchsorted(seed_qids, query_ids)],
-                                    2 * kg.num_relations)
+    train_seeds = seeds[np.searchsorted(seed_qids, query_ids)]
+    profile = seed_relation_profile(kg.indptr, kg.edge_relations, train_seeds, 2 * kg.num_relations)
+    wording = None
+    if config.prior.wording_dim:
+        texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
+        wording = question_form(texts, seed_names(kg.nodes.column("name"), train_seeds), config.prior.wording_dim)
     qid = golden.column("query_id").to_numpy()
     code = golden.column("code").to_numpy()
     kept, weight, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
                                    golden.column("answers").to_numpy(), config.prior.keep_ratio, 2 * kg.num_relations)
     rows = np.searchsorted(query_ids, qid[kept])
-    prior = train_prior(prior_inputs(query_features, profile), rows, code[kept], weight, query_ids,
-                        2 * kg.num_relations, config.prior, echo=echo)
+    prior = train_prior(prior_inputs(query_features, profile, wording), rows, code[kept], weight, query_ids,
+                        2 * kg.num_relations, config.prior, echo=echo, wording_dim=config.prior.wording_dim)
     prior.save(out)
     return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
 
@@ -581,7 +586,7 @@ def subgraph_shard_path(directory: Path, block: int) -> Path:
 
 @lru_cache(maxsize=2)
 def _query_table(dataset: str) -> pa.Table:
-    return open_dataset(dataset).table("queries", ["id", "split", "answers"]).sort_by("id")
+    return open_dataset(dataset).table("queries", ["id", "split", "answers", "text"]).sort_by("id")
 
 
 @lru_cache(maxsize=1)
@@ -632,6 +637,7 @@ def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_i
     subgraphs = expand_queries(
         kg, node_features, relation_features, np.asarray(query_features[rows]), seeds[seed_rows], seed_scores[seed_rows],
         cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset), prior=prior,
+        texts=picked.column("text").to_pylist(),
     )
     write_table_atomic(subgraphs.to_arrow(), subgraph_shard_path(Path(out_dir), block))
     return {"block": block, "queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()), "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}

@@ -134,9 +134,7 @@ class Retriever:
     def prior(self):
         if self.config.expand.relation_score != "learned":
             return None
-        from seeder.retrieve.prior import RelationPathPrior
-
-        return RelationPathPrior.load(Path(self.artifacts.path) / "prior")
+        return self.artifacts.prior()
 
     @cached_property
     def node_table(self):
@@ -165,7 +163,7 @@ class Retriever:
         subgraphs = expand_queries(
             self.artifacts.dataset, self.artifacts.node_features, self.artifacts.relation_features, query_features,
             seeds, scores, self.config.expand, np.arange(n, dtype=np.int64), np.array(["new"] * n, dtype=object),
-            np.zeros(n + 1, np.int64), np.zeros(0, np.int64), graph=self.graph, prior=self.prior,
+            np.zeros(n + 1, np.int64), np.zeros(0, np.int64), graph=self.graph, prior=self.prior, texts=list(questions),
         )
         return subgraphs, query_features
 

@@ -186,6 +186,16 @@ class Rollout:
         self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B, S, 2R, hidden]
         self._edges: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
+    def flat_nodes(self, positions: torch.Tensor, copies: int | None = None) -> torch.Tensor:
+        """Dense positions g * P + p of ``copies`` copies -> the flat node index of the query's own node."""
+        copies = self.copies if copies is None else copies
+        query_position = (positions // (self.width * copies)) * self.width + positions % self.width
+        return self.dense_to_flat[query_position]
+
+    def path_end_at(self, positions: torch.Tensor, copies: int | None = None) -> torch.Tensor:
+        """The prior's path_end of the nodes at dense positions of ``copies`` copies."""
+        return self.batch.path_end[self.flat_nodes(positions, copies)]
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """A per-query [B, ...] tensor -> one row per copy [G, ...]."""
         return x.repeat_interleave(self.copies, 0)
@@ -225,9 +235,7 @@ class Rollout:
         keep = flat_active[src] & flat_active[dst]
         edge_index = torch.stack([compact[src[keep]], compact[dst[keep]]])
         positions = flat_active.nonzero().squeeze(1)
-        # dense position g * P + p of copy g -> the query's own dense position (g // copies) * P + p
-        query_position = (positions // (self.width * copies)) * self.width + positions % self.width
-        state = self.node_state[self.dense_to_flat[query_position]]
+        state = self.node_state[self.flat_nodes(positions, copies)]
         h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type[keep], self.relation_emb)
         return h, compact
 
@@ -271,7 +279,7 @@ class Rollout:
             reached_at = torch.where(selected & (reached_at < 0), step + 1, reached_at)
         h, compact = self.embed(selected, reached_at)
         positions = selected.reshape(-1).nonzero().squeeze(1)
-        node_scores = self.model.scores(h, self.query_ctx[positions // self.width])
+        node_scores = self.model.scores(h, self.query_ctx[positions // self.width], self.path_end_at(positions))
         scores = h.new_full((self.num_copies * self.width,), NEG).index_put((positions,), node_scores)
         return RolloutOutput(selected, reached_at, scores.view_as(selected), log_prob, self.copies)
 
@@ -281,7 +289,7 @@ def score_whole_subgraph(model: SeedERPolicy, batch: QueryBatch, relation_featur
     rollout = Rollout(model, batch, relation_features, copies=1)
     h, _ = rollout.embed(batch.valid, torch.where(batch.valid, 0, -1))
     positions = batch.valid.reshape(-1).nonzero().squeeze(1)
-    node_scores = model.scores(h, rollout.query_ctx[positions // batch.width])
+    node_scores = model.scores(h, rollout.query_ctx[positions // batch.width], rollout.path_end_at(positions, 1))
     scores = h.new_full((batch.valid.numel(),), NEG).index_put((positions,), node_scores)
     return scores.view_as(batch.valid)
 

@@ -520,6 +520,7 @@ def expand_queries(
     graph: GraphIndex | None = None,
     progress=None,
     prior=None,
+    texts: list[str] | None = None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
@@ -527,7 +528,8 @@ def expand_queries(
     from the features (``seed_scores`` may hold NaN for entity-linked seeds; it is not trusted).
     Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
     batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
-    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``.
+    ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``, with the
+    queries' ``texts`` when that prior reads their wording.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -551,12 +553,15 @@ def expand_queries(
         hi = min(lo + step, num_q)
         terms = ends = children = None
         if expand_config.relation_score == "learned":
-            from seeder.retrieve.prior import prior_inputs, seed_relation_profile
+            from seeder.retrieve.prior import seed_relation_profile
+            from seeder.retrieve.wording import seed_names
 
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
             profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
-            (terms, ends), children = prior.path_terms(prior_inputs(query_features[lo:hi], profile)), prior.trie.children
+            names = seed_names(kg.nodes.column("name"), seeds[lo:hi]) if prior.wording_dim else None
+            inputs = prior.inputs(query_features[lo:hi], profile, None if texts is None else list(texts[lo:hi]), names)
+            (terms, ends), children = prior.path_terms(inputs), prior.trie.children
         chunks.append(
             expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
                          path_terms=terms, trie_children=children, end_terms=ends)

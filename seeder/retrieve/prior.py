@@ -38,9 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from seeder.config import PriorConfig, PriorModel, choices
+from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.io import DataError
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
+from seeder.retrieve.wording import question_form
 
 
 def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
@@ -120,9 +121,13 @@ def seed_relation_profile(indptr: np.ndarray, relations: np.ndarray, seeds: np.n
     return profile
 
 
-def prior_inputs(query_features: np.ndarray, profile: np.ndarray) -> np.ndarray:
-    """What the prior reads: the PCA'd query embedding and the seeds' relation profile."""
-    return np.concatenate([np.asarray(query_features, np.float32), profile.astype(np.float32)], axis=1)
+def prior_inputs(query_features: np.ndarray, profile: np.ndarray, wording: np.ndarray | None = None) -> np.ndarray:
+    """What the prior reads: the PCA'd query embedding, the question's wording around its seeds
+    (``seeder.retrieve.wording``, when the prior uses it) and the seeds' relation profile (last)."""
+    parts = [np.asarray(query_features, np.float32)]
+    if wording is not None:
+        parts.append(np.asarray(wording, np.float32))
+    return np.concatenate([*parts, profile.astype(np.float32)], axis=1)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -204,6 +209,17 @@ class RelationPathPrior:
     model: str = "path"
     max_length: int = 0
     bag_weight: float = 0.0
+    wording_dim: int = 0  # width of the question_form block of the inputs (0: the prior does not read it)
+
+    def inputs(self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None,
+               seed_names: list[list[str]] | None) -> np.ndarray:
+        """``prior_inputs`` for this prior: the wording block is computed when the prior was trained
+        with one (then ``texts`` and ``seed_names`` are required)."""
+        if not self.wording_dim:
+            return prior_inputs(query_features, profile)
+        if texts is None or seed_names is None:
+            raise ConfigError("this relation-path prior reads the question texts (prior.wording_dim > 0); pass them")
+        return prior_inputs(query_features, profile, question_form(texts, seed_names, self.wording_dim))
 
     @property
     def trie(self) -> PathTrie:
@@ -271,7 +287,7 @@ class RelationPathPrior:
         directory = Path(directory)
         np.savez(directory / "prior.npz", w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2, vocab=self.vocab)
         meta = {"num_relation_ids": self.num_relation_ids, "model": self.model, "max_length": self.max_length,
-                "bag_weight": self.bag_weight}
+                "bag_weight": self.bag_weight, "wording_dim": self.wording_dim}
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
 
     @classmethod
@@ -284,7 +300,8 @@ class RelationPathPrior:
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         return cls(**arrays, num_relation_ids=int(info.pop("num_relation_ids")), model=info.pop("model", "path"),
-                   max_length=int(info.pop("max_length", 0)), bag_weight=float(info.pop("bag_weight", 0.0)), info=info)
+                   max_length=int(info.pop("max_length", 0)), bag_weight=float(info.pop("bag_weight", 0.0)),
+                   wording_dim=int(info.pop("wording_dim", 0)), info=info)
 
 
 def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
@@ -302,11 +319,12 @@ def train_prior(
     num_relation_ids: int,
     cfg: PriorConfig,
     echo=print,
+    wording_dim: int = 0,
 ) -> RelationPathPrior:
     """Fit the prior on target rows (query row, path code, weight) of training questions.
 
-    ``inputs`` [Q, d + 2R] holds every training question's ``prior_inputs``, ``query_ids`` their ids
-    (for the hashed hold-out). Questions without a target row are not used.
+    ``inputs`` [Q, d + W + 2R] holds every training question's ``prior_inputs``, ``query_ids`` their ids
+    (for the hashed hold-out); ``wording_dim`` is W, the width of their wording block. Questions without a target row are not used.
     """
     import torch
 
@@ -402,7 +420,7 @@ def train_prior(
     prior = RelationPathPrior(
         w1=sd["0.weight"].T.copy(), b1=sd["0.bias"].copy(), w2=sd["2.weight"].T.copy(), b2=sd["2.bias"].copy(),
         vocab=vocab, num_relation_ids=num_relation_ids, info={}, model=cfg.model, max_length=max_length,
-        bag_weight=cfg.bag_weight if cfg.model == "hops" else 0.0,
+        bag_weight=cfg.bag_weight if cfg.model == "hops" else 0.0, wording_dim=wording_dim,
     )
     # Held-out accuracy: the predicted path (as used, seeds' profile applied) is one of the question's targets.
     top = prior.probs(x[held]).argmax(axis=1)

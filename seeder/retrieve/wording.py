@@ -1,0 +1,102 @@
+"""The wording of a question around its topic entity: hashed word features for the relation-path prior.
+
+A sentence embedding of "what films did [Joel Zwick] direct" is dominated by the entity's name, and a
+mean-pooled encoder hardly keeps the order of the words; yet the words next to the entity ("did X
+direct", "directed by X") name the first hop, and the words further out name the later ones. SR
+(Zhang et al., ACL 2022) and most KBQA relation predictors read the question with its topic entity
+replaced by a placeholder for that reason. This module does that with plain counts:
+
+1. the question is normalised like the entity linker's names (``seeds.normalise_texts``) and every
+   occurrence of a seed's name becomes the placeholder token ``ENTITY``;
+2. features are words, word pairs, and each word with its signed distance to the placeholder (clipped
+   to ``DISTANCE_CLIP``), hashed into ``dim`` buckets with a sign bit (the hashing trick) and scaled to
+   unit length.
+
+Everything but the masking (one ``str.replace`` per question) is vectorised over all tokens of all
+questions at once. The features depend only on the question's text and its seeds' names, never on
+answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from seeder.retrieve.seeds import normalise_texts
+
+ENTITY = "zzentityzz"
+"""The placeholder a seed's name is replaced with (a token no normalised question contains)."""
+DISTANCE_CLIP = 4
+"""Words further from the entity than this share one distance bucket per side."""
+# Distinct salts keep the three feature families apart in the hashed space.
+_PAIR, _DISTANCE, _NO_ENTITY = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+
+
+def mask_entities(texts: list[str], seed_names: list[list[str]]) -> list[str]:
+    """Normalised ``texts`` with every occurrence of the (normalised) seed names replaced by ``ENTITY``;
+    longer names first, so a title is masked whole before any name inside it."""
+    normal = normalise_texts(texts).to_pylist()
+    flat = [name for names in seed_names for name in names]
+    lookup = dict(zip(flat, normalise_texts(flat).to_pylist())) if flat else {}
+    out = []
+    for text, names in zip(normal, seed_names):
+        padded = f" {text} "
+        for name in sorted({lookup[n] for n in names if lookup.get(n)}, key=len, reverse=True):
+            padded = padded.replace(f" {name} ", f" {ENTITY} ")
+        out.append(padded.strip())
+    return out
+
+
+def question_form(texts: list[str], seed_names: list[list[str]], dim: int) -> np.ndarray:
+    """[Q, dim] float32 hashed wording features of each question with its seeds' names masked
+    (rows of unit length; all zeros for an empty question). ``seed_names[i]``: the names of question
+    i's seeds (may be empty)."""
+    num_q = len(texts)
+    out = np.zeros((num_q, dim), dtype=np.float32)
+    if num_q == 0 or dim <= 0:
+        return out
+    masked = pa.array(mask_entities(list(texts), [list(n) for n in seed_names]), type=pa.string())
+    tokens = pc.split_pattern(masked, " ")
+    lengths = pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
+    words = pc.list_flatten(tokens).to_numpy(zero_copy_only=False)
+    keep = words != ""  # an empty question splits into one empty token
+    row = np.repeat(np.arange(num_q), lengths)[keep]
+    words = words[keep]
+    if len(words) == 0:
+        return out
+    position = np.arange(len(row)) - np.searchsorted(row, row)  # index of the word in its question
+    word_hash = pd.util.hash_array(words.astype(object), categorize=True).astype(np.uint64)
+    # Distance of every word to its question's first placeholder (none: one bucket of its own).
+    is_entity = words == ENTITY
+    first_entity = np.full(num_q, -1, np.int64)
+    hit_rows, hit_at = row[is_entity][::-1], position[is_entity][::-1]  # reversed: the first one wins
+    first_entity[hit_rows] = hit_at
+    anchor = first_entity[row]
+    distance = np.clip(position - anchor, -DISTANCE_CLIP, DISTANCE_CLIP)
+    distance_hash = np.where(
+        anchor >= 0,
+        word_hash * _DISTANCE + (distance + DISTANCE_CLIP + 1).astype(np.uint64),
+        word_hash * _DISTANCE + _NO_ENTITY,
+    )
+    same_row_next = np.flatnonzero(row[1:] == row[:-1])
+    pair_hash = word_hash[same_row_next] * _PAIR + word_hash[same_row_next + 1]
+    hashes = np.concatenate([word_hash, pair_hash, distance_hash])
+    rows = np.concatenate([row, row[same_row_next], row])
+    # The hashing trick with a sign bit, so colliding features cancel on average instead of adding up.
+    bucket = (hashes % np.uint64(dim)).astype(np.int64)
+    sign = np.where((hashes >> np.uint64(63)) == 1, -1.0, 1.0).astype(np.float32)
+    np.add.at(out, (rows, bucket), sign)
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norm, 1e-12)
+
+
+def seed_names(names: pa.Array | pa.ChunkedArray, seeds: np.ndarray) -> list[list[str]]:
+    """The node names of each row's seeds (``seeds`` [Q, k0], -1 padding skipped); ``names`` is the
+    dataset's ``nodes.name`` column."""
+    seeds = np.asarray(seeds, dtype=np.int64).reshape(len(seeds), -1)
+    valid = seeds >= 0
+    flat = pc.take(names, pa.array(seeds[valid])).to_pylist()
+    bounds = np.cumsum(valid.sum(axis=1))[:-1]
+    return [list(part) for part in np.split(np.asarray(flat, dtype=object), bounds)] if len(seeds) else []
