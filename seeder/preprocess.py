@@ -42,11 +42,12 @@ from seeder.io import (DataError, checksum_matches, file_records, fingerprint_js
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 from seeder.artifacts import read_seed_table
+from seeder.retrieve.wording import WORDING_VERSION
 
 
 STAGE_VERSION = 1
 SUBGRAPH_VERSION = 2  # 2: the path_end column
-PRIOR_VERSION = 6  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths
+PRIOR_VERSION = 7  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths; 7: wording
 KINDS = ("node", "relation", "query")
 KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
 TEST_STOP_ENV = "SEEDER_TEST_STOP_AFTER_SHARDS"
@@ -75,7 +76,8 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
         fps["paths"] = fingerprint_json({"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"],
                                          "hops": config.expand.hops, "search": search})
         fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries")}
-        fps["prior"] = fingerprint_json({"stage": "prior", "v": PRIOR_VERSION, "paths": fps["paths"], "fit": fit})
+        fps["prior"] = fingerprint_json({"stage": "prior", "v": PRIOR_VERSION, "wording": WORDING_VERSION,
+                                         "paths": fps["paths"], "fit": fit})
         expand["prior"] = fps["prior"]
         expand["learned_version"] = 3  # 2: passed-over candidates are not carried; 3: log path terms
     fps["subgraphs"] = fingerprint_json({"stage": "subgraphs", "v": SUBGRAPH_VERSION, "seeds": fps["seeds"], "expand": expand})

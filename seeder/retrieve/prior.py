@@ -41,7 +41,7 @@ import numpy as np
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.io import DataError
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
-from seeder.retrieve.wording import question_form
+from seeder.retrieve.wording import WORDING_VERSION, question_form
 
 
 def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
@@ -287,7 +287,7 @@ class RelationPathPrior:
         directory = Path(directory)
         np.savez(directory / "prior.npz", w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2, vocab=self.vocab)
         meta = {"num_relation_ids": self.num_relation_ids, "model": self.model, "max_length": self.max_length,
-                "bag_weight": self.bag_weight, "wording_dim": self.wording_dim}
+                "bag_weight": self.bag_weight, "wording_dim": self.wording_dim, "wording_version": WORDING_VERSION}
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
 
     @classmethod
@@ -299,6 +299,11 @@ class RelationPathPrior:
             info = json.loads((directory / "prior.json").read_text())
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
+        if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
+            raise DataError(f"{directory}: the relation-path prior was trained on question-wording features of version "
+                            f"{info.get('wording_version')}, this seeder computes version {WORDING_VERSION}; rerun "
+                            "preprocessing to retrain the prior and the subgraphs")
+        info.pop("wording_version", None)
         return cls(**arrays, num_relation_ids=int(info.pop("num_relation_ids")), model=info.pop("model", "path"),
                    max_length=int(info.pop("max_length", 0)), bag_weight=float(info.pop("bag_weight", 0.0)),
                    wording_dim=int(info.pop("wording_dim", 0)), info=info)
