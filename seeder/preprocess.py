@@ -46,6 +46,7 @@ from seeder.retrieve.wording import WORDING_VERSION
 
 
 STAGE_VERSION = 1
+SEEDS_VERSION = 2  # 2: among nodes sharing a normalised name, the one spelled as in the question first
 SUBGRAPH_VERSION = 2  # 2: the path_end column
 PRIOR_VERSION = 7  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths; 7: wording
 KINDS = ("node", "relation", "query")
@@ -67,7 +68,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
     fps: dict[str, str] = {}
     fps["embed"] = fingerprint_json({"stage": "embed", "v": STAGE_VERSION, "dataset": dataset_fingerprint, "embed": embed_key})
     fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)})
-    fps["seeds"] = fingerprint_json({"stage": "seeds", "v": STAGE_VERSION, "features": fps["features"], "seed": seed})
+    fps["seeds"] = fingerprint_json({"stage": "seeds", "v": SEEDS_VERSION, "features": fps["features"], "seed": seed})
     expand = {k: v for k, v in to_dict(config.expand).items() if k != "batch_queries"}
     if config.expand.relation_score == "learned":
         # Golden paths read the training answers; the prior and the subgraphs follow from them.

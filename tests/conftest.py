@@ -27,8 +27,8 @@ def run(args, **kwargs):
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
-    """(root, MLflow run id): ``seeder synth`` -> pipelines/preprocess.py (hash encoder, entity linking)
-    -> ``python -m seeder.train`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
+    """(root, MLflow run id): ``seeder synth`` -> pipelines/preprocess.py (hash encoder, entity linking,
+    the learned filter with a prior that reads the questions' wording) -> ``python -m seeder.train`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
     root = tmp_path_factory.mktemp("trained")
     seeder = str(Path(sys.executable).parent / "seeder")
     env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
@@ -37,7 +37,8 @@ def trained(tmp_path_factory):
     assert done.returncode == 0, done.stderr
     done = run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "syn"), "--out",
                 str(root / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1",
-                "seed.strategy=dense+entity", "expand.relation_score=cosine", "reduce.dim=32", "expand.budget=60",
+                "seed.strategy=dense+entity", "expand.relation_score=learned", "prior.epochs=5", "prior.min_count=1",
+                "prior.hidden_dim=16", "prior.wording_dim=64", "reduce.dim=32", "expand.budget=60",
                 "expand.keep_per_hop=[30,30]"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     done = run([sys.executable, "-m", "seeder.train", "--artifacts", str(root / "art"), "--out", str(root / "run"),

@@ -188,6 +188,11 @@ class EntityLinker:
     in a few. Ties go to the longer mention, then left to right. A longer name never counts more
     queries than a name inside it, so a title beats its own words. The counts use only query texts
     (no answers), so val and test questions may take part.
+
+    Which of several nodes sharing a normalised name: those whose name occurs in the question with
+    its own capitals and punctuation come first, then id order. Graphs keep a person and a tag of the
+    same words apart by case alone (MetaQA's "Harry Connick Jr." and "harry connick jr."); lower-casing
+    both sides had linked every tag question about a person to the person.
     """
 
     def __init__(self, kg, seed_config: SeedConfig):
@@ -204,6 +209,7 @@ class EntityLinker:
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         order = np.argsort(codes, kind="stable")
         self.node_ids = node_ids[order].astype(np.int64)
+        self.names = kg.nodes.column("name")  # original spelling, read only where a name is shared
         counts = np.bincount(codes, minlength=len(encoded.dictionary))
         starts = np.concatenate([[0], np.cumsum(counts)])
         self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))
@@ -226,11 +232,19 @@ class EntityLinker:
                     found.append((start, n, name))
         return found
 
+    def _verbatim_first(self, ids: np.ndarray, raw: str | None) -> list[int]:
+        """Nodes sharing one normalised name, those spelled in ``raw`` exactly as named first."""
+        if len(ids) < 2 or not raw:
+            return ids.tolist()
+        verbatim = [name in raw for name in self.names.take(pa.array(ids)).to_pylist()]
+        return [int(i) for _, i in sorted(zip([not v for v in verbatim], ids.tolist()), key=lambda x: x[0])]
+
     def link(self, texts: list[str]) -> list[np.ndarray]:
         """Per text, the node ids of the names it mentions, rarest mention first (then longest, then
         left to right); mentions never overlap; at most ``seed.entity_max`` ids (empty when none)."""
         out = []
-        for text in normalise_texts(texts).to_pylist():
+        raw_texts = texts.to_pylist() if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts)
+        for raw, text in zip(raw_texts, normalise_texts(texts).to_pylist()):
             words = text.split()
             used = np.zeros(len(words), dtype=bool)
             found: list[int] = []
@@ -244,7 +258,7 @@ class EntityLinker:
                     continue
                 used[start : start + n] = True
                 lo, hi = self.slices[name]
-                found.extend(self.node_ids[lo:hi].tolist())
+                found.extend(self._verbatim_first(self.node_ids[lo:hi], raw))
             ids = np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities]
             out.append(ids)
         return out

@@ -142,3 +142,14 @@ def test_given_seeds_read_the_topic_attribute_and_refuse_bad_ones(tmp_path):
     kg_bad = make_graph(tmp_path / "b", np.array([0, 1]), np.array([1, 2]), np.array([0, 0]), 4, 1, queries=bad)
     with pytest.raises(DataError, match="query 9 names node 7"):
         given_seeds(kg_bad, np.array([5, 9]), "topic_id")
+
+
+def test_a_name_shared_by_several_nodes_links_the_one_spelled_as_in_the_question(tmp_path):
+    """MetaQA keeps the person "Harry Connick Jr." and the tag "harry connick jr." apart by case alone."""
+    names = ["Harry Connick Jr.", "harry connick jr.", "Hope Floats"]
+    kg = make_graph(tmp_path / "kg", [2], [0], [0], len(names), 1, names=names)
+    linker = EntityLinker(kg, SeedConfig(entity_max=1))
+    found = linker.link(["which movies can be described by harry connick jr.", "what did Harry Connick Jr. star in",
+                         "what did HARRY CONNICK JR star in"])
+    assert [f.tolist() for f in found] == [[1], [0], [0]]  # no verbatim match: id order
+    assert EntityLinker(kg, SeedConfig(entity_max=2)).link(pa.array(["harry connick jr. films"]))[0].tolist() == [1, 0]
