@@ -48,7 +48,7 @@ from seeder.retrieve.wording import WORDING_VERSION
 STAGE_VERSION = 1
 SEEDS_VERSION = 2  # 2: among nodes sharing a normalised name, the one spelled as in the question first
 SUBGRAPH_VERSION = 2  # 2: the path_end column
-PRIOR_VERSION = 7  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths; 7: wording
+PRIOR_VERSION = 7  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths; 7: wording, refits
 KINDS = ("node", "relation", "query")
 KIND_DIRS = {"node": "nodes", "relation": "relations", "query": "queries"}
 TEST_STOP_ENV = "SEEDER_TEST_STOP_AFTER_SHARDS"
