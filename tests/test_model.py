@@ -135,3 +135,20 @@ def test_segment_softmax_and_sum_match_a_per_target_loop():
     for target in range(4):
         torch.testing.assert_close(summed[target], messages[index == target].sum(0))
     assert torch.isfinite(alpha).all() and (summed[2] == 0).all()
+
+
+def test_the_path_end_residual_adds_its_learnt_weight_times_path_end():
+    """model.path_end_residual: the final score is the scoring head's score plus w * path_end, w learnt
+    from 1; without it the score is the head's alone (the paper's)."""
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_dim=16, num_layers=2, num_heads=2, dropout=0.0)
+    with_residual = SeedERPolicy(8, config).eval()
+    plain = SeedERPolicy(8, ModelConfig(hidden_dim=16, num_layers=2, num_heads=2, dropout=0.0, path_end_residual=False)).eval()
+    plain.load_state_dict({k: v for k, v in with_residual.state_dict().items() if k != "path_end_weight"})
+    assert float(with_residual.path_end_weight) == 1.0 and plain.path_end_weight is None
+    h, ctx, path_end = torch.randn(5, 16), torch.randn(5, 16), -4 * torch.rand(5)
+    head = plain.scores(h, ctx, path_end)
+    torch.testing.assert_close(with_residual.scores(h, ctx, path_end), head + path_end)
+    with torch.no_grad():
+        with_residual.path_end_weight.fill_(2.5)
+    torch.testing.assert_close(with_residual.scores(h, ctx, path_end), head + 2.5 * path_end)

@@ -198,3 +198,29 @@ def test_per_hop_prior_generalises_to_unseen_compositions(model):
         assert accuracy > 0.95
     else:
         assert accuracy == 0.0  # a whole-path vocabulary has no entry for a composition it never saw
+
+
+def test_the_refit_drops_paths_that_reach_the_answers_by_coincidence():
+    """Every question has its real path (set by its type) and one random path of the same F1, as on a
+    graph of permutations; only the real one follows the question across the training set."""
+    rng = np.random.default_rng(5)
+    base, n = 6, 900
+    kind = rng.integers(0, 3, n)
+    real = (ROOT * base + kind) * base + kind + 3
+    decoy = (ROOT * base + rng.integers(0, 6, n)) * base + rng.integers(0, 6, n)
+    decoy = np.where(decoy == real, (ROOT * base + 5) * base + 5, decoy)
+    features = np.eye(3, dtype=np.float32)[kind] + 0.1 * rng.normal(size=(n, 3)).astype(np.float32)
+    inputs = prior_inputs(features, np.ones((n, base)))
+    query = np.repeat(np.arange(n), 2)
+    codes = np.stack([real, decoy], 1).reshape(-1)
+    order = np.lexsort((codes, query))
+
+    def real_mass(rounds):
+        cfg = PriorConfig(model="path", min_count=1, epochs=40, hidden_dim=32, lr=1e-2, refine_rounds=rounds)
+        prior = train_prior(inputs, query[order], codes[order], np.ones(2 * n, np.float32), np.arange(n), base, cfg,
+                            echo=lambda _: None)
+        probs = prior.probs(inputs)
+        return float(np.mean(probs[np.arange(n), np.searchsorted(prior.vocab, real)]))
+
+    once, refit = real_mass(0), real_mass(1)
+    assert refit > once + 0.2  # decoys keep about half the mass after one fit; the refit takes it back
