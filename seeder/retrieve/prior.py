@@ -343,7 +343,8 @@ def train_prior(
         total = np.bincount(row, likely, minlength=len(questions))
         # A question none of whose paths the prior knows keeps its weights.
         weight = np.where(total[row] > 0, likely / np.maximum(total[row], 1e-30), weight).astype(np.float32)
-        prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, echo, wording_dim)
+        # Warm-started from the first fit: early stopping ends the refit within a few epochs.
+        prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, echo, wording_dim, start=prior)
     return prior
 
 
@@ -363,8 +364,10 @@ def _fit_prior(
     cfg: PriorConfig,
     echo=print,
     wording_dim: int = 0,
+    start: RelationPathPrior | None = None,
 ) -> RelationPathPrior:
-    """One fit of the prior on weighted target rows (see ``train_prior``)."""
+    """One fit of the prior on weighted target rows (see ``train_prior``), from ``start``'s weights
+    when given (same vocabulary)."""
     import torch
 
     if len(code) == 0:
@@ -424,6 +427,9 @@ def _fit_prior(
     torch.manual_seed(cfg.seed)
     d, hidden = x.shape[1], cfg.hidden_dim
     net = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(hidden, out_width))
+    if start is not None:
+        net.load_state_dict({"0.weight": torch.from_numpy(start.w1.T.copy()), "0.bias": torch.from_numpy(start.b1),
+                             "2.weight": torch.from_numpy(start.w2.T.copy()), "2.bias": torch.from_numpy(start.b2)})
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     xt, yt = torch.from_numpy(x[~held]), torch.from_numpy(fit_targets[~held])
     xv, yv = torch.from_numpy(x[held]), torch.from_numpy(fit_targets[held])
