@@ -95,13 +95,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50, help="concurrent HTTP clients")
     parser.add_argument("--request-batch", type=int, default=64, help="questions per request in the client-side batching run")
     parser.add_argument("--replicas", type=int, default=1, help="serve replicas")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the API runs (a replica uses its CPUs)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
+                        "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     args = parser.parse_args()
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from seeder import Retriever
 
     start = time.perf_counter()

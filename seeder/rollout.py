@@ -174,7 +174,7 @@ class Rollout:
         self.width = width
         self.num_copies = num_queries * copies
         self.node_state = model.encode_nodes(
-            batch.node_text, batch.query_features[batch.node_query], batch.hop, batch.flat_score, batch.path_end
+            batch.node_text, batch.query_features, batch.node_query, batch.hop, batch.flat_score, batch.path_end
         )  # [n, hidden], shared by every copy of a query
         device = self.device = batch.valid.device
         self.dense_to_flat = torch.full((num_queries * width,), -1, dtype=torch.long, device=device)

@@ -152,3 +152,27 @@ def test_the_path_end_residual_adds_its_learnt_weight_times_path_end():
     with torch.no_grad():
         with_residual.path_end_weight.fill_(2.5)
     torch.testing.assert_close(with_residual.scores(h, ctx, path_end), head + 2.5 * path_end)
+
+
+@pytest.mark.parametrize("injection", ["concat", "add"])
+def test_encode_nodes_equals_the_input_projection_of_each_nodes_own_inputs(injection):
+    # The query's block of the first layer is computed once per query and gathered; it must equal the
+    # projection of [text, W_q z_q, cos, hop one-hot, filter score, path end] built node by node.
+    torch.manual_seed(0)
+    model = SeedERPolicy(12, ModelConfig(hidden_dim=16, num_heads=2, query_injection=injection)).eval()
+    n, b = 40, 3
+    text, queries = torch.randn(n, 12), torch.randn(b, 12)
+    owner, hop = torch.randint(0, b, (n,)), torch.randint(0, 4, (n,))
+    score, path_end = torch.rand(n), torch.rand(n)
+    node_query = queries[owner]
+    injected = model.query_map(node_query)
+    hops = torch.nn.functional.one_hot(hop, 5).float()
+    scalars = torch.stack([score, path_end], -1)
+    if injection == "concat":
+        cosine = torch.nn.functional.cosine_similarity(text, node_query, dim=-1).unsqueeze(-1)
+        inputs = torch.cat([text, injected, cosine, hops, scalars], -1)
+    else:
+        inputs = torch.cat([text + injected, hops, scalars], -1)
+    want = model.input_proj(inputs)
+    got = model.encode_nodes(text, queries, owner, hop, score, path_end)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -16,6 +16,7 @@ by preprocessing and by the retriever that seeds new questions.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +55,9 @@ def _block_topk(scores: np.ndarray, k: int, first_id: int) -> tuple[np.ndarray, 
     if k >= width:
         ids = np.broadcast_to(np.arange(width, dtype=np.int64) + first_id, (rows, width))
         return ids.copy(), scores.copy()
+    if k == 1:  # argmax returns the first maximum, the smallest id; no partition of every row
+        cols = scores.argmax(axis=1)[:, None]
+        return cols.astype(np.int64) + first_id, np.take_along_axis(scores, cols, axis=1)
     cols = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     values = np.take_along_axis(scores, cols, axis=1)
     kth = values.min(axis=1)
@@ -166,8 +170,19 @@ def row_cosines(query_features: np.ndarray, node_features: np.ndarray, rows: np.
 # Entity linking
 
 
+_ASCII_SEPARATORS = re.compile(r"[^a-z0-9]+")
+SMALL_BATCH = 64
+"""Up to this many texts, all ASCII, are normalised in Python: Arrow compiles the Unicode regex on every
+call (about 2 ms, most of a single question's seeding), which a large column amortises."""
+
+
 def normalise_texts(texts: list[str] | pa.Array) -> pa.Array:
-    """Lower case, every run of non-letters/digits turned into one space, trimmed."""
+    """Lower case, every run of non-letters/digits turned into one space, trimmed.
+
+    A few ASCII strings take a Python path with the same result: on ASCII, "letter or digit" is
+    [a-z0-9] after lower-casing for Arrow's Unicode classes too."""
+    if isinstance(texts, list) and len(texts) <= SMALL_BATCH and all(isinstance(t, str) and t.isascii() for t in texts):
+        return pa.array([_ASCII_SEPARATORS.sub(" ", t.lower()).strip(" ") for t in texts], type=pa.string())
     arr = pa.array(texts, type=pa.string()) if not isinstance(texts, (pa.Array, pa.ChunkedArray)) else texts
     arr = pc.utf8_lower(arr.fill_null(""))
     arr = pc.replace_substring_regex(arr, pattern=r"[^\pL\pN]+", replacement=" ")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seeder.config import ConfigError, SeedConfig
-from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
+from seeder.retrieve.seeds import EntityLinker, dense_seeds, normalise_texts, select_seeds
 
 from .conftest import make_graph, normalised
 
@@ -153,3 +155,17 @@ def test_a_name_shared_by_several_nodes_links_the_one_spelled_as_in_the_question
                          "what did HARRY CONNICK JR star in"])
     assert [f.tolist() for f in found] == [[1], [0], [0]]  # no verbatim match: id order
     assert EntityLinker(kg, SeedConfig(entity_max=2)).link(pa.array(["harry connick jr. films"]))[0].tolist() == [1, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.characters(max_codepoint=127), max_size=40), min_size=1, max_size=5))
+def test_the_python_path_for_a_few_ascii_texts_normalises_as_arrow_does(texts):
+    # A short list of ASCII strings skips Arrow's Unicode regex; an Arrow array always takes it.
+    assert normalise_texts(texts).to_pylist() == normalise_texts(pa.array(texts, type=pa.string())).to_pylist()
+
+
+def test_non_ascii_and_long_inputs_go_through_arrow():
+    texts = ["Amélie  (2001)", "Ünïcödé--Straße", "ΑΒΓ δ"]
+    assert normalise_texts(texts).to_pylist() == ["amélie 2001", "ünïcödé straße", "αβγ δ"]
+    many = ["What's THIS?"] * 100
+    assert normalise_texts(many).to_pylist() == ["what s this"] * 100
