@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seeder.config import ModelConfig
-from seeder.model import SeedERPolicy, count_parameters, segment_softmax, segment_sum
+from seeder.model import ByteDropout, SeedERPolicy, count_parameters, segment_softmax, segment_sum
 
 
 def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: int):
@@ -176,3 +176,21 @@ def test_encode_nodes_equals_the_input_projection_of_each_nodes_own_inputs(injec
     want = model.input_proj(inputs)
     got = model.encode_nodes(text, queries, owner, hop, score, path_end)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_byte_dropout_drops_p_of_the_values_and_keeps_the_expectation():
+    torch.manual_seed(0)
+    drop = ByteDropout(0.1).train()
+    x = torch.ones(1000, 300)
+    y = drop(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 26 / 256) < 0.003  # p rounded to 26/256
+    assert abs(y.mean().item() - 1.0) < 0.005  # kept values scaled by 256/230
+    assert not torch.equal(drop(x), y)  # a fresh mask per call
+    x.requires_grad_(True)
+    out = drop(x)
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())  # the gradient is the same mask and scale (x is all ones)
+    assert torch.equal(drop.eval()(x), x) and torch.equal(ByteDropout(0.0).train()(x), x)
+    with pytest.raises(Exception, match="model.dropout"):
+        ByteDropout(1.0)
