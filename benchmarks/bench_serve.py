@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50, help="concurrent HTTP clients")
     parser.add_argument("--request-batch", type=int, default=64, help="questions per request in the client-side batching run")
     parser.add_argument("--replicas", type=int, default=1, help="serve replicas")
+    parser.add_argument("--cpus-per-replica", type=float, default=0,
+                        help="CPUs (and torch threads) per replica; 0: this machine's cores / --replicas")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
                         "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
@@ -136,7 +138,10 @@ def main() -> None:
     port = free_port()
     ready = Path(tempfile.mkdtemp()) / "ready"
     seeder = str(Path(sys.executable).parent / "seeder")
+    cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
+    print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
+                             "--cpus-per-replica", str(cpus),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():
