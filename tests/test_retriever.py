@@ -50,6 +50,26 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
 
 
 @pytest.mark.slow
+def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restored(retriever):
+    """Calls of up to ONE_THREAD_UP_TO questions run torch on one thread; their rankings are those of
+    the same questions inside a large batch, and the caller's thread count is left as it was."""
+    import torch
+
+    from seeder.retriever import ONE_THREAD_UP_TO
+
+    texts = retriever.artifacts.dataset.queries_of("val").column("text").to_pylist()[: 4 * ONE_THREAD_UP_TO]
+    batched = retriever.retrieve(texts, k=10)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = [retriever.retrieve([t], k=10)[0] for t in texts[:ONE_THREAD_UP_TO]]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert [[n.id for n in h.nodes] for h in alone] == [[n.id for n in h.nodes] for h in batched[:ONE_THREAD_UP_TO]]
+
+
+@pytest.mark.slow
 def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     kg = retriever.artifacts.dataset
     question = kg.queries_of("test").column("text")[0].as_py()
