@@ -69,6 +69,40 @@ RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_log
                "env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
 
 
+# Ray's C++ core worker logs one ERROR line for every actor whose constructor arguments sit in the
+# object store and that may be restarted (ray-project/ray#53727): Ray Train's PreemptionWatcher and
+# Ray Data's actor pools hit it on every run, and nothing a user can do changes it. It is not a Python
+# logger's: it reaches the terminal by the driver's forwarding of worker stderr, so it is dropped
+# there. The worker's log file keeps it.
+FORWARDED_NOISE = re.compile(
+    r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store and max_restarts > 0"
+)
+
+
+def filter_forwarded_worker_lines(pattern: re.Pattern = FORWARDED_NOISE) -> bool:
+    """Wrap the driver's handler of forwarded worker output (``log_to_driver``) so that lines matching
+    ``pattern`` are not printed. False when this Ray has no such handler (nothing changed)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    except ImportError:
+        return False
+    changed = False
+    with dispatcher._lock:
+        for i, (name, handle) in enumerate(dispatcher.handlers):
+            if name != "ray_print_logs" or getattr(handle, "filters_noise", False):
+                continue
+
+            def filtered(data, handle=handle):
+                lines = [line for line in data.get("lines", []) if not pattern.search(line)]
+                if lines:
+                    handle({**data, "lines": lines})
+
+            filtered.filters_noise = True
+            dispatcher.handlers[i] = (name, filtered)
+            changed = True
+    return changed
+
+
 def quiet_driver_loggers() -> None:
     for name, level in QUIET_DRIVER_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
@@ -220,6 +254,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
     if address and address != "local":
         quiet_driver_loggers()
         ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
+        filter_forwarded_worker_lines()
         return ray
     loopback_only(ray)
     try:
@@ -232,6 +267,7 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
             quiet_driver_loggers()
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                      log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
+            filter_forwarded_worker_lines()
             print_log_folder(ray, who)
             return ray
         except Exception as exc:  # Ray raises a bare Exception for a startup timeout

@@ -208,3 +208,25 @@ def test_preprocess_train_and_sweep_listen_on_loopback_only(tmp_path):
         assert done.returncode == 0, f"{name}:\n{done.stdout[-3000:]}"
         assert {"gcs_server", "raylet"} <= {sock.name for sock in watch.inside.values()}, name
         assert not watch.outside, f"{name} listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
+
+
+def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
+    # The driver's handler of forwarded worker output is wrapped once; the C++ "constructor arguments
+    # in the object store and max_restarts > 0" line goes, everything else reaches the handler.
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from pipelines.ray_runtime import filter_forwarded_worker_lines
+
+    received = []
+    dispatcher.add_handler("ray_print_logs", received.append)
+    try:
+        assert filter_forwarded_worker_lines()
+        assert not filter_forwarded_worker_lines()  # already wrapped
+        noise = ("[2026-11-25 06:36:25,941 E 15043 15072] core_worker.cc:2465: Actor with class name: "
+                 "'PreemptionWatcher' and ID: '417ae7' has constructor arguments in the object store and "
+                 "max_restarts > 0. If the arguments in the object store go out of scope ...")
+        dispatcher.emit({"lines": [noise, "epoch 1/3  loss 0.1"], "pid": 1, "is_err": True})
+        dispatcher.emit({"lines": [noise], "pid": 1, "is_err": True})
+        assert [d["lines"] for d in received] == [["epoch 1/3  loss 0.1"]]
+    finally:
+        dispatcher.remove_handler("ray_print_logs")
