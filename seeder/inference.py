@@ -125,7 +125,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-@torch.no_grad()
+@torch.inference_mode()  # not no_grad: no version counters or views to track, ~1 ms of a question's 8 ms
 def retrieve(
     model: SeedERPolicy, data: QueryData, schedule: Schedule, length: int, batch_size: int = 64,
     progress: str | None = None,
