@@ -169,3 +169,11 @@ def test_non_ascii_and_long_inputs_go_through_arrow():
     assert normalise_texts(texts).to_pylist() == ["amélie 2001", "ünïcödé straße", "αβγ δ"]
     many = ["What's THIS?"] * 100
     assert normalise_texts(many).to_pylist() == ["what s this"] * 100
+
+
+def test_distinct_per_row_counts_each_id_once():
+    from seeder.retrieve.seeds import distinct_per_row
+
+    rows = [np.array([3, 3, 5]), np.zeros(0, np.int64), np.array([7]), np.array([1, 2, 1, 2, 9])]
+    np.testing.assert_array_equal(distinct_per_row(rows, 4), [2, 0, 1, 3])
+    np.testing.assert_array_equal(distinct_per_row([np.zeros(0, np.int64)] * 2, 2), [0, 0])
