@@ -27,10 +27,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from seeder.config import PriorConfig
-from seeder.retrieve.paths import decode, describe, golden_paths_batched
+from seeder.retrieve.paths import decode, describe, golden_paths_batched, sampled_slices
 from seeder.store import open_dataset
+
+
+def _all_slices(indptr: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR positions of every neighbour of ``nodes`` and the index of its node: ``sampled_slices`` with
+    a cap no node reaches, so nothing is sampled away."""
+    cap = int(np.diff(np.asarray(indptr)).max(initial=0)) or 1
+    return sampled_slices(indptr, nodes, cap)
 
 
 def follow(indptr: np.ndarray, neighbors: np.ndarray, relations: np.ndarray, start: np.ndarray,
@@ -40,10 +48,7 @@ def follow(indptr: np.ndarray, neighbors: np.ndarray, relations: np.ndarray, sta
     q = np.flatnonzero(start >= 0)
     node = start[q].astype(np.int64)
     for rel in path:
-        lo, hi = np.asarray(indptr[node], np.int64), np.asarray(indptr[node + 1], np.int64)
-        count = hi - lo
-        owner = np.repeat(np.arange(len(node)), count)
-        pos = lo[owner] + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        pos, owner = _all_slices(indptr, node)
         keep = np.asarray(relations[pos]) == rel
         q, node = q[owner[keep]], np.asarray(neighbors[pos[keep]], np.int64)
         key = np.unique(q * len(indptr) + node)
@@ -59,12 +64,8 @@ def reach_any(indptr: np.ndarray, neighbors: np.ndarray, start: np.ndarray, hops
     frontier = seen
     for h in range(1, int(hops.max()) + 1):
         frontier = frontier[hops[frontier // n] >= h]  # questions of fewer hops are done
-        fq, fn = frontier // n, frontier % n
-        lo, hi = np.asarray(indptr[fn], np.int64), np.asarray(indptr[fn + 1], np.int64)
-        count = hi - lo
-        owner = np.repeat(np.arange(len(fn)), count)
-        pos = lo[owner] + np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        keys = np.unique(fq[owner] * n + np.asarray(neighbors[pos], np.int64))
+        pos, owner = _all_slices(indptr, frontier % n)
+        keys = np.unique((frontier // n)[owner] * n + np.asarray(neighbors[pos], np.int64))
         frontier = np.setdiff1d(keys, seen, assume_unique=True)
         seen = np.union1d(seen, frontier)
     return seen
@@ -87,8 +88,6 @@ def type_paths(kg, queries, type_col: str, topic_col: str, per_type: int = 300) 
     flat = np.concatenate(train.answers.map(lambda a: np.asarray(a, np.int64)).to_list())
     hops = int(train.hop.max()) if "hop" in train else 3
     paths = golden_paths_batched(kg, seeds, ptr, flat, hops, PriorConfig())
-    import pandas as pd
-
     frame = pd.DataFrame({"type": train[type_col].to_numpy()[paths["query"]], "code": paths["code"],
                           "reached": paths["reached"]})
     score = frame.groupby(["type", "code"]).agg(questions=("code", "size"), reached=("reached", "mean")).reset_index()
