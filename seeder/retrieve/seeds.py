@@ -373,8 +373,8 @@ def distinct_per_row(rows: list[np.ndarray], num_rows: int) -> np.ndarray:
         return np.zeros(num_rows, dtype=np.int64)
     flat = np.concatenate(rows).astype(np.int64)
     owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
-    pairs = np.unique(np.stack([owner, flat], axis=1), axis=0)
-    return np.bincount(pairs[:, 0], minlength=num_rows)
+    width = int(flat.max()) + 1  # one int64 key per (row, id): a 1-D unique, not a row-wise one
+    return np.bincount(np.unique(owner * width + flat) // width, minlength=num_rows)
 
 
 def seed_queries(
