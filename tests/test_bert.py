@@ -1,0 +1,71 @@
+"""seeder.bert: the plain-torch BERT encoder gives sentence-transformers' embeddings, and is chosen only
+for models it reproduces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from seeder import bert
+from seeder.config import ConfigError, EmbedConfig
+from seeder.embed import SentenceTransformerEncoder, load_encoder, minilm_path
+
+TEXTS = [
+    "what languages are the films directed by Joel Zwick in",
+    "",
+    "Ünïcödé café naïve 東京 — ½",
+    "word " * 400,  # longer than max_seq_length: truncated the same way
+    "The Mummy",
+    "[Ginger Rogers] starred in which movies",
+] + [f"entity {i} with a name of {'many ' * (i % 9)}words" for i in range(70)]
+
+
+@pytest.fixture(scope="module")
+def encoders():
+    path = minilm_path()
+    return bert.BertSentenceEncoder(path, batch_size=16), SentenceTransformerEncoder(path, device="cpu", batch_size=16)
+
+
+def test_embeddings_equal_sentence_transformers(encoders):
+    ours, reference = encoders
+    got, want = ours.encode(TEXTS), reference.encode(TEXTS)
+    assert got.shape == want.shape == (len(TEXTS), 384) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_order_kept_and_batching_does_not_matter(encoders):
+    ours, _ = encoders
+    whole = ours.encode(TEXTS)
+    one_by_one = np.concatenate([ours.encode([t]) for t in TEXTS[:12]])
+    np.testing.assert_allclose(whole[:12], one_by_one, atol=2e-6)
+    reversed_rows = ours.encode(TEXTS[::-1])[::-1]
+    np.testing.assert_allclose(whole, reversed_rows, atol=2e-6)
+    assert ours.encode([]).shape == (0, 384)
+
+
+def _model_copy(tmp_path, pooling: dict | None = None):
+    source = minilm_path()
+    copy = tmp_path / "model"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("model.safetensors"))
+    (copy / "model.safetensors").symlink_to(source / "model.safetensors")
+    if pooling is not None:
+        config = json.loads((copy / "1_Pooling" / "config.json").read_text())
+        config.update(pooling)
+        (copy / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+def test_load_encoder_picks_the_backend(tmp_path):
+    assert isinstance(load_encoder(EmbedConfig(encoder="minilm"), device="cpu"), bert.BertSentenceEncoder)
+    forced = load_encoder(EmbedConfig(encoder="minilm", backend="sentence-transformers"), device="cpu")
+    assert isinstance(forced, SentenceTransformerEncoder)
+
+    # CLS pooling is not what seeder.bert computes: auto falls back, torch refuses with the reason.
+    cls_model = _model_copy(tmp_path, {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    assert bert.supports(_model_copy(tmp_path / "same")) and not bert.supports(cls_model)
+    assert isinstance(load_encoder(EmbedConfig(encoder=str(cls_model)), device="cpu"), SentenceTransformerEncoder)
+    with pytest.raises(ConfigError, match="embed.backend=torch runs mean-pooled BERT models only"):
+        load_encoder(EmbedConfig(encoder=str(cls_model), backend="torch"), device="cpu")
