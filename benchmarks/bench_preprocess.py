@@ -2,8 +2,8 @@
 
 Part 1 (``--texts``, default 20,000): the same texts (MetaQA entity names when ``--metaqa`` points at
 the data, else synthetic entity-like names) are embedded twice in one run, with the bare encoder in
-this process and through the job's Ray Data actor pool (``pipelines/preprocess.py``'s EncoderUDF,
-torch threads matched to the actor's CPUs). It prints texts/s for each and their ratio (goal >= 0.95
+this process (torch on every core) and through the job's Ray Data actor pool, sized as the job sizes
+it (``pipelines.preprocess.embed_pool``: by default one single-threaded actor per core). It prints texts/s for each and their ratio (goal >= 0.95
 with MiniLM on 100K texts, ``--texts 100000``). Model loading is excluded from the bare figure and included in the Ray
 Data one (actors load their model while the pipeline runs), which is what a real job pays.
 
@@ -66,11 +66,12 @@ def part_embedding(args) -> dict:
     import ray
     import torch
 
-    from seeder.config import EmbedConfig, to_dict
-    from seeder.embed import EncoderUDF, load_encoder
+    from pipelines.preprocess import embed_pool, embedding_dataset
+    from seeder.config import EmbedConfig
+    from seeder.embed import load_encoder
 
     texts = bench_texts(args.texts, args.metaqa)
-    cfg = EmbedConfig(encoder=args.encoder)
+    cfg = EmbedConfig(encoder=args.encoder, **({"cpus_per_actor": args.cpus_per_actor} if args.cpus_per_actor else {}))
     cpus = os.cpu_count() or 1
     torch.set_num_threads(cpus)
     encoder = load_encoder(cfg)
@@ -81,21 +82,11 @@ def part_embedding(args) -> dict:
     del encoder
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+    actors, threads, _ = embed_pool(ray.cluster_resources(), cfg)
     table = pa.table({"kind": np.zeros(len(texts), np.int8), "row": np.arange(len(texts)), "id": np.arange(len(texts)), "text": texts})
     with tempfile.TemporaryDirectory() as tmp:
-        import pyarrow.parquet as pq
-
-        blocks = max(4, len(texts) // 4096)
-        pq.write_table(table, f"{tmp}/texts.parquet", row_group_size=-(-len(texts) // blocks))
         start = time.perf_counter()
-        ds = ray.data.read_parquet(f"{tmp}/texts.parquet", override_num_blocks=blocks).map_batches(
-            EncoderUDF,
-            fn_constructor_kwargs={"embed_config": to_dict(cfg), "num_threads": cpus},
-            compute=ray.data.ActorPoolStrategy(size=1),
-            batch_size=1024,
-            batch_format="numpy",
-            num_cpus=max(cpus - 1, 0.5),
-        )
+        ds = embedding_dataset(ray, table, Path(tmp) / "inputs", cfg, 1024)
         ids, embs = [], []
         for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
             ids.append(batch["id"])
@@ -110,7 +101,7 @@ def part_embedding(args) -> dict:
         "ray_data_texts_per_s": len(texts) / ray_s, "ratio": bare_s / ray_s, "max_abs_diff": max_diff,
     }
     print(f"embedding {len(texts):,} texts with {args.encoder}: bare {out['bare_texts_per_s']:,.0f} texts/s "
-          f"({bare_s:.1f} s), Ray Data {out['ray_data_texts_per_s']:,.0f} texts/s ({ray_s:.1f} s, actor start included); "
+          f"({bare_s:.1f} s), Ray Data {out['ray_data_texts_per_s']:,.0f} texts/s ({ray_s:.1f} s, actor start included, {actors} actor(s) x {threads} thread(s)); "
           f"ratio {out['ratio']:.2f} (goal >= 0.95 on 100K texts); max |difference| {max_diff:.2e}")
     return out
 
@@ -160,6 +151,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=20_000, help="texts of the embedding comparison (0 skips it)")
     parser.add_argument("--encoder", default="minilm", help="encoder of the embedding comparison: minilm or hash")
+    parser.add_argument("--cpus-per-actor", type=float, default=0,
+                        help="embed.cpus_per_actor of the Ray Data run (0: the config default)")
     parser.add_argument("--metaqa", type=Path, default=REPO.parent / "shared" / "data" / "metaqa",
                         help="MetaQA folder whose entity names are the texts (synthetic names when absent)")
     parser.add_argument("--graph-nodes", type=int, default=1_000_000, help="nodes of the full-job graph (0 skips it)")

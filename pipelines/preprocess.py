@@ -38,9 +38,63 @@ from seeder.storage import is_uri, join, output_directory
 from seeder.store import KnowledgeGraph, open_dataset
 
 
-def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
+def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
+    """The embedding actor pool for a cluster's ``resources``: (actors, torch threads per actor, the
+    ``map_batches`` resource request). One actor per GPU; without GPUs one actor per
+    ``embed.cpus_per_actor`` CPUs, each running that many torch threads."""
+    gpus = int(resources.get("GPU", 0))
+    cpus = float(resources.get("CPU", 1))
+    actors = ec.num_actors or (gpus if gpus else max(1, int(cpus // ec.cpus_per_actor)))
+    threads = 1 if gpus else max(1, int(min(ec.cpus_per_actor, cpus)))
+    # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
+    # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
+    # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
+    reserve = min(ec.cpus_per_actor, cpus)
+    if actors * reserve > cpus - 1:
+        reserve = max(cpus - 1, 0) / actors
+    return actors, threads, ({"num_gpus": 1} if gpus else {"num_cpus": reserve})
+
+
+def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
+    """The Ray Data pipeline that embeds ``table``'s ``text`` column (keeping ``kind``, ``row``, ``id``):
+    Parquet parts under ``inputs_dir``, read one block per file, through the pool of ``embed_pool``."""
     import ray.data
 
+    actors, threads, remote = embed_pool(ray.cluster_resources(), ec)
+    # The texts go through Parquet files (not the driver's object store) in several blocks, so that
+    # every actor of the pool gets work. One file per block: Ray Data reads a Parquet file as one
+    # block whatever its row groups.
+    chunks = max(actors * 4, table.num_rows // (batch_rows * 4) + 1)
+    shutil.rmtree(inputs_dir, ignore_errors=True)
+    inputs_dir.mkdir(parents=True)
+    step = -(-table.num_rows // chunks)
+    for i, start in enumerate(range(0, table.num_rows, step)):
+        pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
+    # read_parquet packs small files into one read task, and one block would reach a single
+    # actor: make one block per file explicitly. One read task at a time: reading a part takes
+    # milliseconds, and each concurrent task needs a worker process whose start-up (about 1 s of CPU)
+    # would compete with the encoder actors importing torch (3.7 s instead of 1.1 s, seen on 2 cores).
+    files = [str(f) for f in sorted(inputs_dir.glob("part-*.parquet"))]
+    ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+    ds = ds.map_batches(pp.read_parquet_files, batch_size=1, batch_format="numpy", num_cpus=0.1,
+                        compute=ray.data.TaskPoolStrategy(size=1))
+    # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
+    # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
+    ds.context.execution_no_progress_timeout_s = 6 * 3600
+    # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
+    # terminal, its log line per operator every few seconds.
+    ds.context.enable_progress_bars = False
+    return ds.map_batches(
+        EncoderUDF,
+        fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        batch_size=batch_rows,
+        batch_format="numpy",
+        **remote,
+    )
+
+
+def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
     inputs = pp.embed_inputs(kg)
     counts = {kind: len(ids) for kind, (ids, _) in inputs.items()}
     work = stage.open({"shard_rows": args.shard_rows})
@@ -51,49 +105,7 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     if reused:
         print(f"embed: resuming, {reused} finished shards kept, {table.num_rows:,} texts left", flush=True)
     if table.num_rows:
-        resources = ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0))
-        cpus = float(resources.get("CPU", 1))
-        ec = config.embed
-        actors = ec.num_actors or (gpus if gpus else max(1, int(cpus // ec.cpus_per_actor)))
-        threads = 1 if gpus else max(1, int(min(ec.cpus_per_actor, cpus)))
-        # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
-        # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
-        # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
-        reserve = min(ec.cpus_per_actor, cpus)
-        if actors * reserve > cpus - 1:
-            reserve = max(cpus - 1, 0) / actors
-        remote = {"num_gpus": 1} if gpus else {"num_cpus": reserve}
-        batch_rows = max(ec.batch_size, args.udf_batch)
-        # The texts go through a Parquet file (not the driver's object store) in several blocks, so
-        # that every actor of the pool gets work.
-        # One file per block: Ray Data reads a Parquet file as one block whatever its row groups.
-        chunks = max(actors * 4, table.num_rows // (batch_rows * 4) + 1)
-        inputs_dir = work / "inputs"
-        shutil.rmtree(inputs_dir, ignore_errors=True)
-        inputs_dir.mkdir()
-        step = -(-table.num_rows // chunks)
-        for i, start in enumerate(range(0, table.num_rows, step)):
-            pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
-        # read_parquet packs small files into one read task, and one block would reach a single
-        # actor: make one block per file explicitly.
-        files = [str(f) for f in sorted(inputs_dir.glob("part-*.parquet"))]
-        ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
-        ds = ds.map_batches(pp.read_parquet_files, batch_size=1, batch_format="numpy", num_cpus=0.1)
-        # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
-        # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
-        ds.context.execution_no_progress_timeout_s = 6 * 3600
-        # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
-        # terminal, its log line per operator every few seconds.
-        ds.context.enable_progress_bars = False
-        ds = ds.map_batches(
-            EncoderUDF,
-            fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            batch_size=batch_rows,
-            batch_format="numpy",
-            **remote,
-        )
+        ds = embedding_dataset(ray, table, work / "inputs", config.embed, max(config.embed.batch_size, args.udf_batch))
         with Progress(table.num_rows, "embed", "texts") as bar:
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
                 if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
