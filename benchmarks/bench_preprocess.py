@@ -2,10 +2,12 @@
 
 Part 1 (``--texts``, default 20,000): the same texts (MetaQA entity names when ``--metaqa`` points at
 the data, else synthetic entity-like names) are embedded twice in one run, with the bare encoder in
-this process (torch on every core) and through the job's Ray Data actor pool, sized as the job sizes
-it (``pipelines.preprocess.embed_pool``: by default one single-threaded actor per core). It prints texts/s for each and their ratio (goal >= 0.95
-with MiniLM on 100K texts, ``--texts 100000``). Model loading is excluded from the bare figure and included in the Ray
-Data one (actors load their model while the pipeline runs), which is what a real job pays.
+this process (torch on every core) and through the job's own Ray Data pipeline
+(``pipelines.preprocess.embedding_dataset``), its pool sized as the job sizes it (``embed_pool``: by
+default one single-threaded actor per core). It prints texts/s for each and their ratio (goal >= 0.95
+with MiniLM on 100K texts, ``--texts 100000``). Model loading is excluded from the bare figure and
+included in the Ray Data one (actors load their model while the pipeline runs), which is what a real
+job pays.
 
 Part 2 (``--graph-nodes``, default 1M; 0 skips it): a relation-tracing synthetic graph
 (``seeder.synth``) with ``--graph-relations`` permutations (10 gives 10M edges) and ``--queries``
