@@ -68,7 +68,7 @@ def part_embedding(args) -> dict:
     import ray
     import torch
 
-    from pipelines.preprocess import embed_pool, embedding_dataset
+    from pipelines.preprocess import embedding_dataset
     from seeder.config import EmbedConfig
     from seeder.embed import load_encoder
 
@@ -84,11 +84,10 @@ def part_embedding(args) -> dict:
     del encoder
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
-    actors, threads, _ = embed_pool(ray.cluster_resources(), cfg)
     table = pa.table({"kind": np.zeros(len(texts), np.int8), "row": np.arange(len(texts)), "id": np.arange(len(texts)), "text": texts})
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        ds = embedding_dataset(ray, table, Path(tmp) / "inputs", cfg, 1024)
+        ds, (actors, threads) = embedding_dataset(ray, table, Path(tmp) / "inputs", cfg, 1024)
         ids, embs = [], []
         for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
             ids.append(batch["id"])

@@ -100,6 +100,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
                         "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
+    parser.add_argument("--encoder-precision", default="auto", choices=("auto", "artifacts", "float32", "bfloat16"),
+                        help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS)")
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     args = parser.parse_args()
 
@@ -110,7 +112,7 @@ def main() -> None:
     from seeder import Retriever
 
     start = time.perf_counter()
-    retriever = Retriever.load(args.model, artifacts=args.artifacts)
+    retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision)
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -118,7 +120,8 @@ def main() -> None:
     start = time.perf_counter()
     retriever.retrieve(questions[:1], k=10)  # first call builds the encoder, name index and graph index
     warm_s = time.perf_counter() - start
-    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes)")
+    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes); "
+          f"questions encoded in {retriever.query_precision}")
 
     single = []
     for q in questions[: args.questions]:
@@ -141,7 +144,7 @@ def main() -> None:
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
-                             "--cpus-per-replica", str(cpus),
+                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision,
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():

@@ -57,8 +57,9 @@ def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
 
 def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
     """The Ray Data pipeline that embeds ``table``'s ``text`` column (keeping ``kind``, ``row``, ``id``):
-    Parquet parts under ``inputs_dir``, read one block per file, through the pool of ``embed_pool``."""
-    import ray.data
+    Parquet parts under ``inputs_dir``, read one block per file, through the pool of ``embed_pool``.
+    Returns the dataset and the pool's (actors, torch threads per actor)."""
+    import ray.data as data  # binds only ``data``: the ``ray`` argument stays the caller's module
 
     actors, threads, remote = embed_pool(ray.cluster_resources(), ec)
     # The texts go through Parquet files (not the driver's object store) in several blocks, so that
@@ -75,23 +76,24 @@ def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
     # milliseconds, and each concurrent task needs a worker process whose start-up (about 1 s of CPU)
     # would compete with the encoder actors importing torch (3.7 s instead of 1.1 s, seen on 2 cores).
     files = [str(f) for f in sorted(inputs_dir.glob("part-*.parquet"))]
-    ds = ray.data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
+    ds = data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
     ds = ds.map_batches(pp.read_parquet_files, batch_size=1, batch_format="numpy", num_cpus=0.1,
-                        compute=ray.data.TaskPoolStrategy(size=1))
+                        compute=data.TaskPoolStrategy(size=1))
     # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
     # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
     ds.context.execution_no_progress_timeout_s = 6 * 3600
     # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
     # terminal, its log line per operator every few seconds.
     ds.context.enable_progress_bars = False
-    return ds.map_batches(
+    ds = ds.map_batches(
         EncoderUDF,
         fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
-        compute=ray.data.ActorPoolStrategy(size=actors),
+        compute=data.ActorPoolStrategy(size=actors),
         batch_size=batch_rows,
         batch_format="numpy",
         **remote,
     )
+    return ds, (actors, threads)
 
 
 def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
@@ -105,7 +107,7 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     if reused:
         print(f"embed: resuming, {reused} finished shards kept, {table.num_rows:,} texts left", flush=True)
     if table.num_rows:
-        ds = embedding_dataset(ray, table, work / "inputs", config.embed, max(config.embed.batch_size, args.udf_batch))
+        ds, _ = embedding_dataset(ray, table, work / "inputs", config.embed, max(config.embed.batch_size, args.udf_batch))
         with Progress(table.num_rows, "embed", "texts") as bar:
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
                 if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):

@@ -48,11 +48,26 @@ def supports(path: str | Path) -> bool:
     )
 
 
+def native_bfloat16() -> bool:
+    """True when this CPU computes bfloat16 products natively (AVX512-BF16 or AMX-BF16 on Linux);
+    elsewhere oneDNN emulates them, slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 class BertSentenceEncoder:
     """Mean-pooled, L2-normalised BERT embeddings, the sentence-transformers way, in plain torch."""
 
     def __init__(self, path: str | Path, device: str = "cpu", half_precision: bool = True,
-                 batch_size: int = 64, max_seq_length: int = 256, name: str | None = None):
+                 batch_size: int = 64, max_seq_length: int = 256, name: str | None = None,
+                 cpu_precision: str = "float32"):
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
 
@@ -62,7 +77,10 @@ class BertSentenceEncoder:
         self.layers = int(config["num_hidden_layers"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = torch.device(device)
-        self.dtype = torch.float16 if (half_precision and self.device.type == "cuda") else torch.float32
+        if self.device.type == "cuda":
+            self.dtype = torch.float16 if half_precision else torch.float32
+        else:
+            self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cpu_precision]
         max_len = min(int(max_seq_length), int(config["max_position_embeddings"]))
 
         self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))

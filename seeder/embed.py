@@ -191,16 +191,20 @@ def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     path = minilm_path() if config.encoder == "minilm" else Path(config.encoder)
     options = dict(half_precision=config.half_precision, batch_size=config.batch_size,
                    max_seq_length=config.max_seq_length, name=config.encoder)
-    if config.backend != "sentence-transformers":
-        from seeder import bert
+    from seeder import bert
 
-        if bert.supports(path):
-            return bert.BertSentenceEncoder(path, device=resolve_device(device), **options)
-        if config.backend == "torch":
-            raise ConfigError(
-                f"embed.backend=torch runs mean-pooled BERT models only, and {path} is not one "
-                "(see seeder/bert.py:supports); set embed.backend=auto or sentence-transformers"
-            )
+    if config.backend != "sentence-transformers" and bert.supports(path):
+        return bert.BertSentenceEncoder(path, device=resolve_device(device), cpu_precision=config.cpu_precision, **options)
+    if config.backend == "torch":
+        raise ConfigError(
+            f"embed.backend=torch runs mean-pooled BERT models only, and {path} is not one "
+            "(see seeder/bert.py:supports); set embed.backend=auto or sentence-transformers"
+        )
+    if config.cpu_precision != "float32":
+        raise ConfigError(
+            f"embed.cpu_precision={config.cpu_precision} needs the plain-torch backend, which runs mean-pooled "
+            f"BERT models only ({path} with embed.backend={config.backend}); set embed.cpu_precision=float32"
+        )
     return SentenceTransformerEncoder(path, device=device, **options)
 
 

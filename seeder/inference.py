@@ -152,8 +152,7 @@ def retrieve(
             reached_at = torch.where(in_set, 0, -1)
         else:
             rollout = Rollout(model, batch, relation_features, copies=1)
-            greedy = torch.ones(batch.num_queries, dtype=torch.bool, device=device)
-            out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy)
+            out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy=True)
             in_set, scores, reached_at = out.selected, out.scores, out.reached_at
         result = rank_nodes(batch, in_set, scores, length)
         results.append(result)

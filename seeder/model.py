@@ -11,8 +11,8 @@ modulates its keys and values with an embedding of its relation text and directi
 ``model.step_relations``, of the rollout state of its source node):
 ``a_ij = Q_i . (K_j * E^K_ij) / sqrt(d)``, softmax over each target's incoming edges, messages
 ``alpha_ij (V_j + E^V_ij)``. Edge embeddings depend only on the relation id (``r`` or ``r + R`` for the
-inverse direction), the query and the source's state, so each layer projects the ``B x S x 2R``
-relation rows once and gathers them per edge.
+inverse direction), the query and the source's state, so a rollout projects the ``B x S x 2R``
+relation rows once per layer for all its steps and gathers them per edge.
 
 The per-target softmax and sum are two scatter kernels of plain torch (``segment_softmax``,
 ``segment_sum``): the same kernels PyG's pure-torch path runs on CPU, without importing PyG, whose
@@ -22,6 +22,7 @@ import took longer than loading a model.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -103,23 +104,39 @@ class EdgeModulatedAttention(nn.Module):
         self.ffn = _mlp(hidden_dim, 2 * hidden_dim, hidden_dim, dropout)
         self.dropout = ByteDropout(dropout)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_type: torch.Tensor, relation_emb: torch.Tensor):
+    def edge_tables(self, relation_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value modulation of every edge type: relation rows [T, hidden] -> two [T, heads,
+        head_dim]. They depend on the query but not on the rollout step, so a rollout projects them once
+        for all its propagations (``SeedERPolicy.relation_tables``) and each layer gathers them per edge."""
+        heads, dh = self.num_heads, self.head_dim
+        return (self.edge_key(relation_rows).view(-1, heads, dh),
+                self.edge_value(relation_rows).view(-1, heads, dh))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_type: torch.Tensor,
+                tables: tuple[torch.Tensor, torch.Tensor]):
         n, heads, dh = x.shape[0], self.num_heads, self.head_dim
         src, dst = edge_index[0], edge_index[1]
-        q = self.query(x).view(n, heads, dh)
-        k = self.key(x).view(n, heads, dh)
-        v = self.value(x).view(n, heads, dh)
-        # Relation-typed edge embeddings: project the relation rows once, gather per edge.
+        # Q, K and V as one product: a third of the kernel launches, which dominate a single question.
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        q, k, v = nn.functional.linear(x, weight, bias).view(n, 3, heads, dh).unbind(1)
         # index_select, not x[idx]: its backward is an index_add, several times faster on CPU than the
         # accumulating index_put of advanced indexing.
-        ek = self.edge_key(relation_emb).view(-1, heads, dh).index_select(0, edge_type)
-        ev = self.edge_value(relation_emb).view(-1, heads, dh).index_select(0, edge_type)
+        ek, ev = (table.index_select(0, edge_type) for table in tables)
         logits = (q.index_select(0, dst) * k.index_select(0, src) * ek).sum(-1) / math.sqrt(dh)  # [E, H]
         alpha = self.dropout(segment_softmax(logits, dst, n))
         messages = alpha.unsqueeze(-1) * (v.index_select(0, src) + ev)
         aggregated = segment_sum(messages, dst, n).reshape(n, heads * dh)
         x = self.norm_attention(x + self.dropout(self.out(aggregated)))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
+
+
+class RelationTables(NamedTuple):
+    """Per-layer edge-type tables of a minibatch (``SeedERPolicy.relation_tables``)."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    num_states: int
+    num_types: int
 
 
 class SeedERPolicy(nn.Module):
@@ -227,25 +244,30 @@ class SeedERPolicy(nn.Module):
         """[B, d] -> [B, hidden] query context for the heads."""
         return self.query_context(query_features)
 
+    def relation_tables(self, relation_emb: torch.Tensor) -> RelationTables:
+        """Every layer's edge tables for ``relation_emb`` (``encode_relations``, [B, S, 2R, hidden]):
+        computed once per rollout, shared by its propagations."""
+        rows = relation_emb.reshape(-1, relation_emb.shape[-1])
+        return RelationTables([layer.edge_tables(rows) for layer in self.layers], relation_emb.shape[1], relation_emb.shape[2])
+
     def propagate(
         self,
         node_state: torch.Tensor,
         node_step: torch.Tensor,
         edge_index: torch.Tensor,
         edge_type: torch.Tensor,
-        relation_emb: torch.Tensor,
+        tables: RelationTables,
     ) -> torch.Tensor:
         """Run the layers on a (batched) graph. node_state [n, hidden], node_step [n] (0 frontier, 1 seed,
         t + 2 added at step t; a bool "selected" works too), edge_type [E] = query * 2R + relation,
-        relation_emb from ``encode_relations`` -> [n, hidden]."""
+        ``tables`` from ``relation_tables`` -> [n, hidden]."""
         step = node_step.long().clamp(0, MAX_STEPS + 1)
         x = node_state + self.state_embedding(step)
-        num_states, num_types = relation_emb.shape[1], relation_emb.shape[2]
+        num_states, num_types = tables.num_states, tables.num_types
         source_state = step[edge_index[0]] if num_states > 1 else torch.zeros_like(edge_type)
         typed = ((edge_type // num_types) * num_states + source_state) * num_types + edge_type % num_types
-        rows = relation_emb.reshape(-1, relation_emb.shape[-1])
-        for layer in self.layers:
-            x = layer(x, edge_index, typed, rows)
+        for layer, layer_tables in zip(self.layers, tables.layers):
+            x = layer(x, edge_index, typed, layer_tables)
         return x
 
     def expansion_logits(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:
@@ -281,7 +303,7 @@ class SeedERPolicy(nn.Module):
         state = self.encode_nodes(node_text, query_features, node_graph, hop, filter_score, path_end)
         relation_emb = self.encode_relations(relation_features, query_features)
         typed = node_graph[edge_index[1]] * relation_features.shape[0] + edge_type
-        h = self.propagate(state, selected, edge_index, typed, relation_emb)
+        h = self.propagate(state, selected, edge_index, typed, self.relation_tables(relation_emb))
         ctx = self.query_context(node_query)
         return h, self.expansion_logits(h, ctx), self.scores(h, ctx, path_end)
 

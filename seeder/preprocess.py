@@ -62,6 +62,8 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[s
     """The fingerprint of every stage, each chained to its upstream stages' fingerprints."""
     embed = to_dict(config.embed)
     embed_key = {k: embed[k] for k in ("encoder", "hash_dim", "max_seq_length", "half_precision")}
+    if config.embed.cpu_precision != "float32" and config.embed.encoder != "hash":
+        embed_key["cpu_precision"] = config.embed.cpu_precision  # absent at the default: older artifacts stay valid
     seed = {k: v for k, v in to_dict(config.seed).items() if k not in ("block_nodes", "block_queries")}
     if config.seed.strategy in ("bm25", "hybrid"):
         seed["baselines"] = to_dict(config.baselines)  # BM25 and fusion parameters shape these seeds

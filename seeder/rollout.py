@@ -150,13 +150,18 @@ def plackett_luce_log_prob(logits: torch.Tensor, picks: torch.Tensor, pick_ok: t
 
 
 def sample_top_k(
-    logits: torch.Tensor, available: torch.Tensor, k: int, greedy: torch.Tensor, temperature: float,
+    logits: torch.Tensor, available: torch.Tensor, k: int, greedy: torch.Tensor | bool, temperature: float,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick k of the available candidates per row: top-k by logit where ``greedy`` [G], else Gumbel-top-k
-    at ``temperature``. Returns picks [G, k'], pick_ok [G, k'] and the Plackett-Luce log-prob [G]."""
+    at ``temperature``. Returns picks [G, k'], pick_ok [G, k'] and the Plackett-Luce log-prob [G].
+    ``greedy=True`` (inference: every row greedy, nothing to differentiate) draws no noise and returns
+    a zero log-prob; the [G, k, F] log-prob was a tenth of ranking a batch."""
     k = min(k, logits.shape[1])
     scaled = (logits / temperature).masked_fill(~available, NEG)
+    if greedy is True:
+        picks = torch.topk(scaled.masked_fill(~available, float("-inf")), k, dim=1).indices
+        return picks, available.gather(1, picks), scaled.new_zeros(len(scaled))
     with torch.no_grad():
         perturbed = scaled + gumbel_like(scaled, generator) * (~greedy).unsqueeze(1).to(scaled.dtype)
         perturbed = perturbed.masked_fill(~available, float("-inf"))
@@ -183,7 +188,8 @@ class Rollout:
         self.copy_query = torch.arange(num_queries, device=device).repeat_interleave(copies)
         self.query_ctx = self.query_ctx_per_query[self.copy_query]  # [G, hidden]
         self.num_types = relation_features.shape[0]
-        self.relation_emb = model.encode_relations(relation_features, batch.query_features)  # [B, S, 2R, hidden]
+        # [B, S, 2R, hidden] edge-type embeddings, projected for every layer once for all steps.
+        self.relation_tables = model.relation_tables(model.encode_relations(relation_features, batch.query_features))
         self._edges: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def flat_nodes(self, positions: torch.Tensor, copies: int | None = None) -> torch.Tensor:
@@ -236,7 +242,7 @@ class Rollout:
         edge_index = torch.stack([compact[src[keep]], compact[dst[keep]]])
         positions = flat_active.nonzero().squeeze(1)
         state = self.node_state[self.flat_nodes(positions, copies)]
-        h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type[keep], self.relation_emb)
+        h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type[keep], self.relation_tables)
         return h, compact
 
     def _expansion_logits(
@@ -255,7 +261,7 @@ class Rollout:
         return front_index, front_ok, logits
 
     def run(
-        self, expansion_sizes: list[int], frontier_caps: list[int], greedy: torch.Tensor, temperature: float = 1.0,
+        self, expansion_sizes: list[int], frontier_caps: list[int], greedy: torch.Tensor | bool, temperature: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> RolloutOutput:
         valid = self.expand(self.batch.valid)

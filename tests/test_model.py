@@ -106,8 +106,8 @@ def test_step_relations_condition_edges_on_the_source_state():
         model.state_embedding.weight[2] = model.state_embedding.weight[1]
     state = torch.randn(2, 16)
     edge_index, edge_type = torch.tensor([[0], [1]]), torch.tensor([2])
-    from_seed = model.propagate(state, torch.tensor([1, 0]), edge_index, edge_type, emb[:1])
-    from_step = model.propagate(state, torch.tensor([2, 0]), edge_index, edge_type, emb[:1])
+    from_seed = model.propagate(state, torch.tensor([1, 0]), edge_index, edge_type, model.relation_tables(emb[:1]))
+    from_step = model.propagate(state, torch.tensor([2, 0]), edge_index, edge_type, model.relation_tables(emb[:1]))
     torch.testing.assert_close(from_seed[0], from_step[0])
     assert not torch.allclose(from_seed[1], from_step[1])
 

@@ -49,6 +49,19 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     assert report["methods"]["seeder"]["all"]["hit_at_1"] == pytest.approx(float(mine["hit_at_1"].mean()))
 
 
+def test_encoder_precision_is_checked_and_resolved(trained, retriever):
+    """New questions are encoded as the artifacts were unless the CPU computes bfloat16 natively and the
+    encoder is a plain-torch transformer; the hashing encoder of this fixture has no such choice."""
+    from seeder import Retriever
+    from seeder.io import DataError
+
+    assert retriever.encoder_precision == "auto" and retriever.query_precision == "float32"
+    forced = Retriever.load(trained[0] / "run" / "model", encoder_precision="bfloat16")
+    assert forced.query_precision == "bfloat16"
+    with pytest.raises(DataError, match="encoder_precision='half'"):
+        Retriever.load(trained[0] / "run" / "model", encoder_precision="half")
+
+
 @pytest.mark.slow
 def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restored(retriever):
     """Calls of up to ONE_THREAD_UP_TO questions run torch on one thread; their rankings are those of

@@ -64,6 +64,18 @@ def test_temperature_flattens_sampling_and_greedy_takes_the_top():
     assert abs((hot == 2).float().mean().item() - 1 / 3) < 0.03  # near uniform at high temperature
 
 
+def test_an_all_greedy_rollout_picks_the_top_without_noise_or_log_prob():
+    """``greedy=True`` (inference) picks what an all-greedy mask picks, and draws no random numbers."""
+    logits = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
+    available = torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask_picks, mask_ok, _ = sample_top_k(logits, available, 3, torch.ones(5, dtype=torch.bool), 1.0, None)
+    state = torch.get_rng_state()
+    picks, ok, log_prob = sample_top_k(logits, available, 3, True, 1.0, None)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(ok, mask_ok) and torch.equal(picks[ok], mask_picks[mask_ok])
+    assert torch.equal(log_prob, torch.zeros(5))
+
+
 def small_setup(num_queries=6, copies=3):
     data = toy_task(num_queries, 24, 8, seed=3)
     config = load_config(None, ["train.expansion_sizes=[3,4]", "train.frontier_caps=[6,8]", "model.hidden_dim=16"])
