@@ -8,6 +8,9 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
 1. ``Retriever.load`` time;
 2. the API, one question per call: p50 / p95 / p99 latency;
 3. the API, batches of ``--batch`` questions: questions per second;
+   2 and 3 run with the question encoder in ``--encoder-precision`` (default ``auto``: bfloat16 on
+   CPUs that compute it natively) and, when that differs, again in the artifacts' precision, the
+   reference whose rankings equal ``seeder evaluate``'s; the ratio is printed;
 4. ``seeder serve`` started on 127.0.0.1: one question per request from 1 client (latency), from
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
    ``--request-batch`` questions (throughput).
@@ -100,8 +103,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
                         "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
-    parser.add_argument("--encoder-precision", default="auto", choices=("auto", "artifacts", "float32", "bfloat16"),
-                        help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS)")
+    parser.add_argument("--encoder-precision", default="auto", choices=("artifacts", "auto", "float32", "bfloat16"),
+                        help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
+                        "API and the service; when it differs from the artifacts', the API is also measured with theirs")
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     args = parser.parse_args()
 
@@ -120,21 +124,32 @@ def main() -> None:
     start = time.perf_counter()
     retriever.retrieve(questions[:1], k=10)  # first call builds the encoder, name index and graph index
     warm_s = time.perf_counter() - start
-    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes); "
-          f"questions encoded in {retriever.query_precision}")
+    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes)")
 
-    single = []
-    for q in questions[: args.questions]:
+    def measure(r, label: str) -> tuple[float, float]:
+        single = []
+        for q in questions[: args.questions]:
+            t = time.perf_counter()
+            r.retrieve([q], k=10)
+            single.append((time.perf_counter() - t) * 1000)
+        print(f"API, {label}, one question per call ({len(single)}): {percentiles(single)}")
+        batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
         t = time.perf_counter()
-        retriever.retrieve([q], k=10)
-        single.append((time.perf_counter() - t) * 1000)
-    print(f"API, one question per call ({len(single)}): {percentiles(single)}")
-    batches = [questions[i : i + args.batch] for i in range(0, len(questions), args.batch)]
-    t = time.perf_counter()
-    for b in batches:
-        retriever.retrieve(b, k=10)
-    seconds = time.perf_counter() - t
-    print(f"API, batches of {args.batch}: {sum(map(len, batches)) / seconds:.0f} questions/s")
+        for b in batches:
+            r.retrieve(b, k=10)
+        rate = sum(map(len, batches)) / (time.perf_counter() - t)
+        print(f"API, {label}, batches of {args.batch}: {rate:.0f} questions/s")
+        return float(np.median(single)), rate
+
+    p50, rate = measure(retriever, f"questions encoded in {retriever.query_precision}")
+    if retriever.query_precision != retriever.config.embed.cpu_precision:
+        # The reference in the same run: the artifacts' own precision (exact rankings of `seeder evaluate`).
+        reference = Retriever.load(args.model, artifacts=args.artifacts)
+        reference.retrieve(questions[:1], k=10)
+        ref_p50, ref_rate = measure(reference, f"reference: questions encoded in {reference.query_precision}")
+        print(f"{retriever.query_precision} / {reference.query_precision}: p50 {ref_p50 / p50:.2f}x faster, "
+              f"batches {rate / ref_rate:.2f}x the questions/s")
+        del reference
     if args.skip_serve:
         return
 

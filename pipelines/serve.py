@@ -59,7 +59,7 @@ def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str
 
 
 def build_app(model: str, artifacts: str | None, device: str, replicas: int, max_batch_size: int, batch_wait_ms: float,
-              max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "auto"):
+              max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "artifacts"):
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse

@@ -40,14 +40,28 @@ whole question took 18.8 ms against 16.3 when its encoding alone switched to two
 every thread (256 questions encode in 0.55 s on two, 0.95 s on one)."""
 
 
-ENCODER_PRECISIONS = ("auto", "artifacts", "float32", "bfloat16")
-"""How a Retriever encodes new questions on CPU: ``artifacts`` as preprocessing encoded the dataset's
-(``embed.cpu_precision``), ``float32``, ``bfloat16``, or ``auto``: bfloat16 where the CPU computes it
-natively and the encoder runs on the plain-torch backend, else as the artifacts. On MetaQA (Zen 4 CPU)
-bfloat16 MiniLM encodes one question in 4.5 ms against 9.1 ms and batches at 1.8x the texts/s, with
-embeddings within cosine 0.9999 of float32. The 4,041 val questions, asked as new text: Hit@1 0.9602
-(bfloat16) and 0.9599 (float32, the same as their preprocessed features), the same top node for 99.3%,
-Recall@20 and Hit@any equal; near-tied scores make the order inside the top 20 differ for 27%."""
+ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16")
+"""How a Retriever encodes new questions on CPU: ``artifacts`` (the default) as preprocessing encoded the
+dataset's (``embed.cpu_precision``), so a preprocessed question's text ranks as ``seeder evaluate``
+ranks it; ``float32``; ``bfloat16``; or ``auto``: bfloat16 where the CPU computes it natively and the
+encoder runs on the plain-torch backend, else as the artifacts. On MetaQA (Zen 4 CPU) bfloat16 MiniLM
+encodes one question in 4.5 ms against 9.1 ms and batches at 1.8x the texts/s, with embeddings within
+cosine 0.9999 of float32. The 4,041 val questions, asked as new text: Hit@1 0.9602 (bfloat16) and
+0.9599 (float32, the same as their preprocessed features), the same top node for 99.3%, Recall@20 and
+Hit@any equal; near-tied scores make the order inside the top 20 differ for 27%."""
+
+
+def resolve_encoder_precision(choice: str, embed) -> str:
+    """The CPU number format of ``choice`` (one of ``ENCODER_PRECISIONS``) for artifacts encoded with
+    ``embed`` (their ``EmbedConfig``)."""
+    from seeder import bert
+
+    if choice == "artifacts":
+        return embed.cpu_precision
+    if choice != "auto":
+        return choice
+    plain_torch = embed.encoder != "hash" and embed.backend != "sentence-transformers"
+    return "bfloat16" if plain_torch and bert.native_bfloat16() else embed.cpu_precision
 
 
 IN_MEMORY_FEATURES = 4 << 30
@@ -110,7 +124,7 @@ class Retriever:
     """A loaded model, its artifacts and everything a question needs, built once."""
 
     def __init__(self, model, info, artifacts, device: str = "cpu", config: SeederConfig | None = None,
-                 encoder_precision: str = "auto"):
+                 encoder_precision: str = "artifacts"):
         from seeder.inference import Schedule
 
         if encoder_precision not in ENCODER_PRECISIONS:
@@ -130,7 +144,7 @@ class Retriever:
     @classmethod
     def load(cls, model: str | Path, artifacts: str | Path | None = None, device: str = "cpu",
              config: SeederConfig | None = None, accept_mismatch: bool = False,
-             encoder_precision: str = "auto") -> "Retriever":
+             encoder_precision: str = "artifacts") -> "Retriever":
         """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
         defaults to the ones the model was trained on; other artifacts must come from the same dataset
         with the same features (embed and reduce), and artifacts must match the dataset they were built
@@ -162,15 +176,7 @@ class Retriever:
     @property
     def query_precision(self) -> str:
         """The CPU number format new questions are encoded in (``encoder_precision`` resolved)."""
-        from seeder import bert
-
-        stored = self.config.embed.cpu_precision
-        if self.encoder_precision == "artifacts":
-            return stored
-        if self.encoder_precision != "auto":
-            return self.encoder_precision
-        plain_torch = self.config.embed.encoder != "hash" and self.config.embed.backend != "sentence-transformers"
-        return "bfloat16" if plain_torch and bert.native_bfloat16() else stored
+        return resolve_encoder_precision(self.encoder_precision, self.config.embed)
 
     @cached_property
     def pca(self):
@@ -452,10 +458,11 @@ def add_encoder_precision_argument(parser, defaults_shown: bool = False) -> None
     """``--encoder-precision``, shared by ``seeder retrieve`` and ``seeder serve`` (whose help formatter
     shows defaults itself: ``defaults_shown``)."""
     parser.add_argument(
-        "--encoder-precision", choices=ENCODER_PRECISIONS, default="auto",
-        help="number format of new questions' encoding on CPU: auto (bfloat16 where the CPU computes it natively, "
-             "2x faster MiniLM, the same top node for 99.3%% of MetaQA val questions), artifacts (as preprocessing "
-             "encoded the dataset), float32 or bfloat16" + ("" if defaults_shown else " (default auto)"),
+        "--encoder-precision", choices=ENCODER_PRECISIONS, default="artifacts",
+        help="number format of new questions' encoding on CPU: artifacts (as preprocessing encoded the dataset: "
+             "preprocessed questions rank as in seeder evaluate), auto (bfloat16 where the CPU computes it natively: "
+             "2x faster MiniLM, the same top node for 99.3%% of MetaQA val questions), float32 or bfloat16"
+             + ("" if defaults_shown else " (default artifacts)"),
     )
 
 

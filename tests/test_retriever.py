@@ -50,14 +50,23 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
 
 
 def test_encoder_precision_is_checked_and_resolved(trained, retriever):
-    """New questions are encoded as the artifacts were unless the CPU computes bfloat16 natively and the
-    encoder is a plain-torch transformer; the hashing encoder of this fixture has no such choice."""
+    """New questions are encoded as the artifacts were by default; ``auto`` picks bfloat16 only for a
+    plain-torch transformer on a CPU with native bfloat16, so the hashing encoder here stays as it was."""
     from seeder import Retriever
     from seeder.io import DataError
 
-    assert retriever.encoder_precision == "auto" and retriever.query_precision == "float32"
+    assert retriever.encoder_precision == "artifacts" and retriever.query_precision == "float32"
+    assert Retriever.load(trained[0] / "run" / "model", encoder_precision="auto").query_precision == "float32"
     forced = Retriever.load(trained[0] / "run" / "model", encoder_precision="bfloat16")
     assert forced.query_precision == "bfloat16"
+    from seeder import bert
+    from seeder.config import EmbedConfig
+    from seeder.retriever import resolve_encoder_precision
+
+    native = "bfloat16" if bert.native_bfloat16() else "float32"
+    assert resolve_encoder_precision("auto", EmbedConfig(encoder="minilm")) == native
+    assert resolve_encoder_precision("auto", EmbedConfig(encoder="minilm", backend="sentence-transformers")) == "float32"
+    assert resolve_encoder_precision("artifacts", EmbedConfig(cpu_precision="bfloat16")) == "bfloat16"
     with pytest.raises(DataError, match="encoder_precision='half'"):
         Retriever.load(trained[0] / "run" / "model", encoder_precision="half")
 
