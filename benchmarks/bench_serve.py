@@ -89,6 +89,8 @@ def free_port() -> int:
 
 
 def main() -> None:
+    from seeder.retriever import ENCODER_PRECISIONS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
     parser.add_argument("--artifacts", help="artifacts (default: the ones the model was trained on)")
@@ -103,7 +105,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
                         "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
-    parser.add_argument("--encoder-precision", default="auto", choices=("artifacts", "auto", "float32", "bfloat16"),
+    parser.add_argument("--encoder-precision", default="auto", choices=ENCODER_PRECISIONS,
                         help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")

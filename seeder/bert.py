@@ -14,6 +14,7 @@ the output keeps the input order.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def supports(path: str | Path) -> bool:
     )
 
 
+@functools.cache
 def native_bfloat16() -> bool:
     """True when this CPU computes bfloat16 products natively (AVX512-BF16 or AMX-BF16 on Linux);
     elsewhere oneDNN emulates them, slower than float32."""

@@ -184,6 +184,15 @@ def check_encoder(config: EmbedConfig) -> None:
         )
 
 
+def runs_plain_torch(config: EmbedConfig) -> bool:
+    """True when ``load_encoder`` runs ``config``'s transformer on the plain-torch backend (seeder.bert)."""
+    from seeder import bert
+
+    if config.encoder == "hash" or config.backend == "sentence-transformers":
+        return False
+    return bert.supports(minilm_path() if config.encoder == "minilm" else Path(config.encoder))
+
+
 def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     check_encoder(config)
     if config.encoder == "hash":
@@ -191,9 +200,9 @@ def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     path = minilm_path() if config.encoder == "minilm" else Path(config.encoder)
     options = dict(half_precision=config.half_precision, batch_size=config.batch_size,
                    max_seq_length=config.max_seq_length, name=config.encoder)
-    from seeder import bert
+    if runs_plain_torch(config):
+        from seeder import bert
 
-    if config.backend != "sentence-transformers" and bert.supports(path):
         return bert.BertSentenceEncoder(path, device=resolve_device(device), cpu_precision=config.cpu_precision, **options)
     if config.backend == "torch":
         raise ConfigError(

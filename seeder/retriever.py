@@ -55,13 +55,13 @@ def resolve_encoder_precision(choice: str, embed) -> str:
     """The CPU number format of ``choice`` (one of ``ENCODER_PRECISIONS``) for artifacts encoded with
     ``embed`` (their ``EmbedConfig``)."""
     from seeder import bert
+    from seeder.embed import runs_plain_torch
 
     if choice == "artifacts":
         return embed.cpu_precision
     if choice != "auto":
         return choice
-    plain_torch = embed.encoder != "hash" and embed.backend != "sentence-transformers"
-    return "bfloat16" if plain_torch and bert.native_bfloat16() else embed.cpu_precision
+    return "bfloat16" if runs_plain_torch(embed) and bert.native_bfloat16() else embed.cpu_precision
 
 
 IN_MEMORY_FEATURES = 4 << 30
@@ -226,15 +226,12 @@ class Retriever:
             raise DataError("every question must be a non-empty string")
         return np.asarray(apply_pca(self.encoder.encode(list(questions)), self.pca), dtype=np.float32)
 
-    def subgraphs(self, questions: list[str], topics: list[int | None] | None = None,
-                  query_features: np.ndarray | None = None) -> tuple[SubgraphSet, np.ndarray]:
-        """Embed (unless ``query_features`` come from ``encode``), seed and expand new questions exactly
-        as preprocessing did for the dataset's."""
+    def subgraphs(self, questions: list[str], topics: list[int | None] | None = None) -> tuple[SubgraphSet, np.ndarray]:
+        """Embed, seed and expand new questions exactly as preprocessing did for the dataset's."""
         from seeder.retrieve.khop import expand_queries
         from seeder.retrieve.seeds import seed_queries
 
-        if query_features is None:
-            query_features = self.encode(questions)
+        query_features = self.encode(questions)
         given = None
         if self.config.seed.strategy == "given":
             given = [np.array([t], np.int64) if t is not None else np.zeros(0, np.int64) for t in (topics or [None] * len(questions))]

@@ -156,7 +156,7 @@ def sample_top_k(
     """Pick k of the available candidates per row: top-k by logit where ``greedy`` [G], else Gumbel-top-k
     at ``temperature``. Returns picks [G, k'], pick_ok [G, k'] and the Plackett-Luce log-prob [G].
     ``greedy=True`` (inference: every row greedy, nothing to differentiate) draws no noise and returns
-    a zero log-prob; the [G, k, F] log-prob was a tenth of ranking a batch."""
+    a zero log-prob, without building the [G, k, F] tensors of the Plackett-Luce term."""
     k = min(k, logits.shape[1])
     scaled = (logits / temperature).masked_fill(~available, NEG)
     if greedy is True:

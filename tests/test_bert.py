@@ -11,7 +11,7 @@ import pytest
 
 from seeder import bert
 from seeder.config import ConfigError, EmbedConfig
-from seeder.embed import SentenceTransformerEncoder, load_encoder, minilm_path
+from seeder.embed import SentenceTransformerEncoder, load_encoder, minilm_path, runs_plain_torch
 
 TEXTS = [
     "what languages are the films directed by Joel Zwick in",
@@ -69,6 +69,14 @@ def test_load_encoder_picks_the_backend(tmp_path):
     assert isinstance(load_encoder(EmbedConfig(encoder=str(cls_model)), device="cpu"), SentenceTransformerEncoder)
     with pytest.raises(ConfigError, match="embed.backend=torch runs mean-pooled BERT models only"):
         load_encoder(EmbedConfig(encoder=str(cls_model), backend="torch"), device="cpu")
+
+    # A retriever's encoder_precision=auto asks the same question, so it never picks bfloat16 for a
+    # model the plain-torch backend does not run (loading would then fail).
+    from seeder.retriever import resolve_encoder_precision
+
+    assert runs_plain_torch(EmbedConfig(encoder="minilm")) and not runs_plain_torch(EmbedConfig(encoder=str(cls_model)))
+    assert not runs_plain_torch(EmbedConfig(encoder="minilm", backend="sentence-transformers"))
+    assert resolve_encoder_precision("auto", EmbedConfig(encoder=str(cls_model))) == "float32"
 
 
 def test_bfloat16_on_cpu_stays_close_to_float32(encoders):
