@@ -43,7 +43,7 @@ Baseline = Literal["group_mean", "none", "greedy"]
 TrainMode = Literal["seeder", "rerank"]
 Pruning = Literal["none", "simple", "gw", "strong"]
 EncoderBackend = Literal["auto", "torch", "sentence-transformers"]
-CpuPrecision = Literal["float32", "bfloat16"]
+CpuPrecision = Literal["float32", "bfloat16", "int8"]
 AUTO = "auto"
 """The value of a choice that preprocessing derives from the training split (seeder.derive)."""
 
@@ -87,11 +87,13 @@ class EmbedConfig(Section):
     half_precision: bool = True
     """Encode in float16 on GPU actors (ignored on CPU: see ``cpu_precision``)."""
     cpu_precision: CpuPrecision = "float32"
-    """Number format of a transformer encoder on CPU. ``bfloat16`` (plain-torch backend only) halves
-    MiniLM's time per text on CPUs with native bfloat16 (AVX512-BF16 or AMX: 2.0x on a Zen 4 core),
-    with embeddings within cosine 0.9999 of float32; without native support it is emulated and slower.
-    Part of the embed stage's fingerprint when not ``float32``. A retriever may encode questions in
-    bfloat16 over float32 artifacts (``Retriever.load(encoder_precision=...)``)."""
+    """Number format of a transformer encoder on CPU (plain-torch backend only unless ``float32``).
+    ``bfloat16`` halves MiniLM's time per text on CPUs with native bfloat16 (AVX512-BF16 or AMX: 2.0x on
+    a Zen 4 core), with embeddings within cosine 0.9999 of float32; without native support it is
+    emulated and slower. ``int8`` runs the linear layers as int8 GEMMs with per-token activation
+    scales (``seeder.bert.int8_linear``): 1.3-1.7x bfloat16 for one short question and for batches,
+    embeddings within cosine ~0.997 of float32. Part of the embed stage's fingerprint when not ``float32``. A retriever may
+    encode questions in another format than its artifacts (``Retriever.load(encoder_precision=...)``)."""
     hash_dim: int = 384
     """Output dimension of the ``hash`` encoder."""
     max_seq_length: int = 256

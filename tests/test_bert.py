@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from seeder import bert
 from seeder.config import ConfigError, EmbedConfig
@@ -93,6 +94,27 @@ def test_bfloat16_on_cpu_stays_close_to_float32(encoders):
         load_encoder(EmbedConfig(cpu_precision="bfloat16", backend="sentence-transformers"), device="cpu")
 
 
+def test_int8_on_cpu_stays_close_to_float32_and_ignores_its_batch(encoders):
+    """``embed.cpu_precision=int8``: int8 GEMMs with a scale per token, so a text's embedding is the
+    same alone as in a batch (up to a rounding flip of one 8-bit step), within cosine 0.98 of float32's."""
+    ours, _ = encoders
+    quantized = bert.BertSentenceEncoder(minilm_path(), batch_size=16, cpu_precision="int8")
+    got, want = quantized.encode(TEXTS), ours.encode(TEXTS)
+    assert got.dtype == np.float32 and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    cosine = (got * want).sum(1)
+    assert cosine.min() > 0.98 and np.median(cosine) > 0.995 and not np.array_equal(got, want)
+    alone = np.concatenate([quantized.encode([t]) for t in TEXTS[:8]])
+    assert np.abs(alone - got[:8]).max() < 1e-2
+    # A product of the layer equals the float one to the two quantization steps.
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    x = torch.randn(2, 5, 32)
+    exact = torch.nn.functional.linear(x, weight, bias)
+    approx = bert.int8_linear(weight, bias)(x)
+    assert approx.shape == exact.shape and (approx - exact).abs().max() < 0.05 * exact.abs().max()
+    with pytest.raises(ConfigError, match="cpu_precision=int8 needs the plain-torch backend"):
+        load_encoder(EmbedConfig(cpu_precision="int8", backend="sentence-transformers"), device="cpu")
+
+
 def test_cpu_precision_is_fingerprinted_only_when_not_float32():
     from seeder.config import SeederConfig
     from seeder.preprocess import stage_fingerprints
@@ -104,6 +126,7 @@ def test_cpu_precision_is_fingerprinted_only_when_not_float32():
         return stage_fingerprints(config, "dataset")["embed"]
 
     assert embed_fingerprint(cpu_precision="bfloat16") != embed_fingerprint()
+    assert embed_fingerprint(cpu_precision="int8") not in (embed_fingerprint(), embed_fingerprint(cpu_precision="bfloat16"))
     assert embed_fingerprint(backend="sentence-transformers") == embed_fingerprint()  # same numbers
     # The hashing encoder has no precision to choose.
     assert embed_fingerprint(encoder="hash", cpu_precision="bfloat16") == embed_fingerprint(encoder="hash")

@@ -67,6 +67,9 @@ def test_encoder_precision_is_checked_and_resolved(trained, retriever):
     assert resolve_encoder_precision("auto", EmbedConfig(encoder="minilm")) == native
     assert resolve_encoder_precision("auto", EmbedConfig(encoder="minilm", backend="sentence-transformers")) == "float32"
     assert resolve_encoder_precision("artifacts", EmbedConfig(cpu_precision="bfloat16")) == "bfloat16"
+    # int8 moves more rankings than bfloat16: asked for, never picked by auto.
+    assert resolve_encoder_precision("int8", EmbedConfig(encoder="minilm")) == "int8"
+    assert resolve_encoder_precision("artifacts", EmbedConfig(cpu_precision="int8")) == "int8"
     with pytest.raises(DataError, match="encoder_precision='half'"):
         Retriever.load(trained[0] / "run" / "model", encoder_precision="half")
 
