@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from seeder.config import CpuPrecision, choices
+
 
 def supports(path: str | Path) -> bool:
     """True for a sentence-transformers directory this module reproduces: a BERT with mean pooling."""
@@ -126,8 +128,8 @@ class BertSentenceEncoder:
         self.layers = int(config["num_hidden_layers"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
         self.device = torch.device(device)
-        if cpu_precision not in ("float32", "bfloat16", "int8"):
-            raise ValueError(f"cpu_precision={cpu_precision!r}: use float32, bfloat16 or int8")
+        if cpu_precision not in choices(CpuPrecision):
+            raise ValueError(f"cpu_precision={cpu_precision!r}: use one of {', '.join(choices(CpuPrecision))}")
         int8 = self.device.type == "cpu" and cpu_precision == "int8"
         if self.device.type == "cuda":
             self.dtype = torch.float16 if half_precision else torch.float32

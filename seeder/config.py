@@ -92,8 +92,9 @@ class EmbedConfig(Section):
     a Zen 4 core), with embeddings within cosine 0.9999 of float32; without native support it is
     emulated and slower. ``int8`` runs the linear layers as int8 GEMMs with per-token activation
     scales (``seeder.bert.int8_linear``): 1.3-1.7x bfloat16 for one short question and for batches,
-    embeddings within cosine ~0.997 of float32. Part of the embed stage's fingerprint when not ``float32``. A retriever may
-    encode questions in another format than its artifacts (``Retriever.load(encoder_precision=...)``)."""
+    embeddings within cosine ~0.997 of float32. Part of the embed stage's fingerprint when not
+    ``float32``. A retriever may encode questions in another format than its artifacts
+    (``Retriever.load(encoder_precision=...)``)."""
     hash_dim: int = 384
     """Output dimension of the ``hash`` encoder."""
     max_seq_length: int = 256
