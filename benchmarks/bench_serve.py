@@ -94,7 +94,7 @@ def free_port() -> int:
 
 
 def main() -> None:
-    from seeder.retriever import ENCODER_PRECISIONS
+    from seeder.retriever import ENCODER_PRECISIONS, add_compile_argument
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--encoder-precision", default="auto", choices=ENCODER_PRECISIONS,
                         help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")
+    add_compile_argument(parser)
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     args = parser.parse_args()
 
@@ -123,7 +124,8 @@ def main() -> None:
     from seeder import Retriever
 
     start = time.perf_counter()
-    retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision)
+    retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision,
+                               compiled=args.compile)
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -131,7 +133,12 @@ def main() -> None:
     start = time.perf_counter()
     retriever.retrieve(questions[:1], k=10)  # first call builds the encoder, name index and graph index
     warm_s = time.perf_counter() - start
-    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes)")
+    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes"
+          + (", compiles the network for one question)" if args.compile else ")"))
+    if args.compile:
+        start = time.perf_counter()
+        retriever.retrieve(questions[: args.batch], k=10)
+        print(f"first batch {time.perf_counter() - start:.2f} s (compiles the network for batches)")
 
     def measure(runs: dict[str, Retriever]) -> dict[str, tuple[float, float]]:
         """p50 of one question per call and questions/s in batches, for every retriever of ``runs``:
@@ -165,8 +172,8 @@ def main() -> None:
     runs = {chosen: retriever}
     if retriever.query_precision != retriever.config.embed.cpu_precision:
         # The reference in the same run: the artifacts' own precision (exact rankings of `seeder evaluate`).
-        reference = Retriever.load(args.model, artifacts=args.artifacts)
-        reference.retrieve(questions[:1], k=10)
+        reference = Retriever.load(args.model, artifacts=args.artifacts, compiled=args.compile)
+        reference.retrieve(questions[: args.batch if args.compile else 1], k=10)
         runs[f"reference: questions encoded in {reference.query_precision}"] = reference
         del reference
     results = measure(runs)
@@ -186,6 +193,7 @@ def main() -> None:
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
                              "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision,
+                             *(["--compile"] if args.compile else []),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():

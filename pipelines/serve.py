@@ -59,7 +59,8 @@ def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str
 
 
 def build_app(model: str, artifacts: str | None, device: str, replicas: int, max_batch_size: int, batch_wait_ms: float,
-              max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "artifacts"):
+              max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "artifacts",
+              compiled: bool = False):
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -73,9 +74,12 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
             from seeder.retriever import Retriever
 
             torch.set_num_threads(max(1, int(cpus_per_replica)))  # Ray sets OMP_NUM_THREADS=1 in actors
-            self.retriever = Retriever.load(model, artifacts=artifacts, device=device, encoder_precision=encoder_precision)
+            self.retriever = Retriever.load(model, artifacts=artifacts, device=device, encoder_precision=encoder_precision,
+                                            compiled=compiled)
             self.max_k = self.retriever.ranking_length
             self.retriever.retrieve(["warm up"], k=1)  # encoder, name index, graph index: built before traffic
+            if compiled:  # compile the batched graphs too, before traffic
+                self.retriever.retrieve(["warm up", "warm up again"], k=1)
 
         @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000)
         async def rank(self, requests: list[tuple[list[str], int]]) -> list[list[dict[str, Any]]]:
@@ -105,7 +109,7 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
 
 
 def main(argv: list[str] | None = None) -> int:
-    from seeder.retriever import add_encoder_precision_argument
+    from seeder.retriever import add_compile_argument, add_encoder_precision_argument
 
     parser = argparse.ArgumentParser(prog="seeder serve", description="Serve a trained SeedER model over HTTP on Ray Serve.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-questions", type=int, default=2048, help="questions allowed in one request (more: 413)")
     parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray on loopback)")
     add_encoder_precision_argument(parser, defaults_shown=True)
+    add_compile_argument(parser)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)  # tests and benchmarks: written once the app answers
     args = parser.parse_args(argv)
     if min(args.replicas, args.max_batch_size, args.max_questions) < 1 or args.batch_wait_ms < 0:
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     start_ray(args.ray_address, who="serve")
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
-                    args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision)
+                    args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision,
+                    args.compile)
     serve.run(app, name=APP_NAME, route_prefix="/")
     print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
     if args.ready_file:

@@ -169,13 +169,14 @@ class BertSentenceEncoder:
         self.batch_size = int(batch_size)
         self.name = name or str(path)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Pooled embeddings of one padded batch: ids and mask are [B, L]."""
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, padded: bool) -> torch.Tensor:
+        """Pooled embeddings of one batch: ids and mask are [B, L]; ``padded``: whether any mask entry
+        is 0 (the caller's to say, so the pass reads no tensor's value and compiles as one graph)."""
         batch, length = ids.shape
         hidden = F.embedding(ids, self.word) + self.position[:length]
         hidden = F.layer_norm(hidden, (self.dim,), *self.emb_norm, self.eps)
         # Padding keys are masked out; a fully padded row cannot occur (every text has [CLS] and [SEP]).
-        attn_mask = mask[:, None, None, :].bool() if not bool(mask.all()) else None
+        attn_mask = mask[:, None, None, :].bool() if padded else None
         head_dim = self.dim // self.heads
         for block in self.blocks:
             qkv = block.qkv(hidden).view(batch, length, 3, self.heads, head_dim)
@@ -205,6 +206,6 @@ class BertSentenceEncoder:
             mask = np.arange(width)[None, :] < lengths[rows][:, None]
             ids[mask] = np.concatenate([encodings[r].ids for r in rows])
             pooled = self._forward(torch.from_numpy(ids).to(self.device),
-                                   torch.from_numpy(mask).to(self.device))
+                                   torch.from_numpy(mask).to(self.device), not bool(mask.all()))
             out[rows] = pooled.cpu().numpy()
         return out

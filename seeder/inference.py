@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from seeder.allocator import keep_freed_memory
 from seeder.config import ConfigError, SeederConfig, TrainMode, choices
 from seeder.io import DataError
 from seeder.metrics import per_query_metrics
@@ -136,6 +137,7 @@ def retrieve(
     rest; NaN for padding). ``progress`` names a ``seeder.progress.Progress`` over the queries."""
     if model.training:  # eval() walks every submodule: 0.5 ms of a single question's ranking
         model.eval()
+    keep_freed_memory()  # a batch's tensors would otherwise be faulted in afresh on every pass
     device = model_device(model)
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     results, steps, node_scores = [], [], []

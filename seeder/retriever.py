@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from seeder.allocator import keep_freed_memory
 from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
@@ -128,7 +129,7 @@ class Retriever:
     """A loaded model, its artifacts and everything a question needs, built once."""
 
     def __init__(self, model, info, artifacts, device: str = "cpu", config: SeederConfig | None = None,
-                 encoder_precision: str = "artifacts"):
+                 encoder_precision: str = "artifacts", compiled: bool = False):
         from seeder.inference import Schedule
 
         if encoder_precision not in ENCODER_PRECISIONS:
@@ -139,23 +140,31 @@ class Retriever:
         self.device = device
         self.encoder_precision = encoder_precision
         self.model = model.to(device)
+        if compiled:
+            from seeder.compiled import compile_policy
+
+            compile_policy(self.model)
+        self.compiled = compiled
         self.schedule = Schedule.evaluation(self.config, info.config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
+        keep_freed_memory()  # encoding and subgraphs of a batch, too, reuse their memory from call to call
 
     # -- loading -----------------------------------------------------------------------------------
 
     @classmethod
     def load(cls, model: str | Path, artifacts: str | Path | None = None, device: str = "cpu",
              config: SeederConfig | None = None, accept_mismatch: bool = False,
-             encoder_precision: str = "artifacts") -> "Retriever":
+             encoder_precision: str = "artifacts", compiled: bool = False) -> "Retriever":
         """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
         defaults to the ones the model was trained on; other artifacts must come from the same dataset
         with the same features (embed and reduce), and artifacts must match the dataset they were built
         from, or loading fails naming both fingerprints. ``accept_mismatch=True`` turns those errors
         into warnings (a feature width that differs stays an error: the model cannot run on it).
         ``encoder_precision`` (see ``ENCODER_PRECISIONS``) sets the number format of new questions'
-        encoding on CPU."""
+        encoding on CPU. ``compiled=True`` runs the policy and the question encoder through
+        ``torch.compile`` (``seeder.compiled``: faster answers after 20-30 s of compiling on the first
+        questions; needs a C++ compiler)."""
         from seeder.artifacts import open_artifacts
         from seeder.checkpoint import load_model, locate
 
@@ -165,7 +174,8 @@ class Retriever:
             raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
         opened = open_artifacts(where, accept_mismatch=accept_mismatch)
         check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
-        return cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision)
+        return cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
+                   compiled=compiled)
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
 
@@ -175,7 +185,12 @@ class Retriever:
 
         from seeder.embed import load_encoder
 
-        return load_encoder(replace(self.config.embed, cpu_precision=self.query_precision), device=self.device)
+        encoder = load_encoder(replace(self.config.embed, cpu_precision=self.query_precision), device=self.device)
+        if self.compiled:
+            from seeder.compiled import compile_encoder
+
+            compile_encoder(encoder)
+        return encoder
 
     @property
     def query_precision(self) -> str:
@@ -416,7 +431,8 @@ def _retrieve_command(args) -> int:
     if bool(args.question) == bool(args.file):
         raise DataError("give one question, or --file FILE with one question per line")
     retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device,
-                               accept_mismatch=args.accept_mismatch, encoder_precision=args.encoder_precision)
+                               accept_mismatch=args.accept_mismatch, encoder_precision=args.encoder_precision,
+                               compiled=args.compile)
     questions = [args.question] if args.question else _read_questions(args.file)
     hits = []
     for lo in range(0, len(questions), args.batch_size):
@@ -451,6 +467,7 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched pass (default 256)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
     add_encoder_precision_argument(parser)
+    add_compile_argument(parser)
     add_accept_mismatch_argument(parser)
     parser.set_defaults(func=_retrieve_command)
 
@@ -466,6 +483,13 @@ def add_encoder_precision_argument(parser, defaults_shown: bool = False) -> None
              "(int8 GEMMs: 1.3-1.7x bfloat16 for one question, the same top node for 96%%, Hit@1 unchanged)"
              + ("" if defaults_shown else " (default artifacts)"),
     )
+
+
+def add_compile_argument(parser) -> None:
+    """``--compile``, shared by ``seeder retrieve``, ``seeder serve`` and the serving benchmark."""
+    parser.add_argument("--compile", action="store_true",
+                        help="run the policy and the question encoder through torch.compile (seeder.compiled): faster "
+                             "answers after 20-30 s of compiling on the first questions; needs a C++ compiler")
 
 
 def add_accept_mismatch_argument(parser) -> None:

@@ -227,7 +227,10 @@ class Rollout:
         per_copy = lambda x: x.repeat_interleave(copies, 0)  # noqa: E731
         candidate = reached.view_as(selected) & ~selected & per_copy(self.batch.valid)
         priority = per_copy(self.batch.filter_score).masked_fill(~candidate, float("-inf"))
-        index = torch.topk(priority, min(cap, self.width), dim=1).indices
+        # No wider than the largest frontier of the batch: with the eval caps (300) most columns would
+        # be padding, and every later tensor of the step is [G, width].
+        width = max(1, min(cap, self.width, int(candidate.sum(1).max())))
+        index = torch.topk(priority, width, dim=1).indices
         return index, candidate.gather(1, index)
 
     def embed(self, active: torch.Tensor, reached_at: torch.Tensor, copies: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,10 +257,12 @@ class Rollout:
         active = selected.clone()
         active[rows[front_ok], front_index[front_ok]] = True
         h, compact = self.embed(active, reached_at, copies)
-        front_h = h[compact[rows * self.width + front_index].clamp_min(0)]  # absent entries masked by front_ok
-        logits = self.model.expansion_logits(
-            front_h.reshape(-1, h.shape[1]), query_ctx.repeat_interleave(front_index.shape[1], 0)
-        ).view_as(front_index)
+        # The head runs on the frontier's real candidates only; padding keeps logit 0 (masked later).
+        ok_rows, ok_cols = front_ok.nonzero(as_tuple=True)
+        front_h = h.index_select(0, compact[ok_rows * self.width + front_index[ok_rows, ok_cols]])
+        logits = h.new_zeros(front_index.shape).index_put(
+            (ok_rows, ok_cols), self.model.expansion_logits(front_h, query_ctx.index_select(0, ok_rows))
+        )
         return front_index, front_ok, logits
 
     def run(

@@ -166,6 +166,9 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
     assert pq.read_table(tmp_path / "r.parquet").column("question").to_pylist() == questions
     done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", questions[0]], env=ENV)
     assert json.loads(done.stdout)["nodes"][0]["id"] == expected[0].nodes[0].id
+    done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", "--compile", "-k", "4", questions[0]], env=ENV)
+    assert done.returncode == 0 and "eagerly" not in done.stderr, done.stderr[-2000:]
+    assert [n["id"] for n in json.loads(done.stdout)["nodes"]] == [n.id for n in expected[0].nodes]
 
 
 def _artifacts_for(root: Path, strategy: str):
