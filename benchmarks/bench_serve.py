@@ -131,14 +131,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     questions = [questions[i] for i in rng.permutation(len(questions))[: max(args.questions, args.batch)]]
     start = time.perf_counter()
-    retriever.retrieve(questions[:1], k=10)  # first call builds the encoder, name index and graph index
+    retriever.warm_up()
     warm_s = time.perf_counter() - start
-    print(f"model {args.model}: Retriever.load {load_s:.2f} s, first question {warm_s:.2f} s (builds the indexes"
-          + (", compiles the network for one question)" if args.compile else ")"))
-    if args.compile:
-        start = time.perf_counter()
-        retriever.retrieve(questions[: args.batch], k=10)
-        print(f"first batch {time.perf_counter() - start:.2f} s (compiles the network for batches)")
+    print(f"model {args.model}: Retriever.load {load_s:.2f} s, warm_up {warm_s:.2f} s (builds the indexes"
+          + (", compiles the networks)" if args.compile else ")"))
 
     def measure(runs: dict[str, Retriever]) -> dict[str, tuple[float, float]]:
         """p50 of one question per call and questions/s in batches, for every retriever of ``runs``:
@@ -173,7 +169,7 @@ def main() -> None:
     if retriever.query_precision != retriever.config.embed.cpu_precision:
         # The reference in the same run: the artifacts' own precision (exact rankings of `seeder evaluate`).
         reference = Retriever.load(args.model, artifacts=args.artifacts, compiled=args.compile)
-        reference.retrieve(questions[: args.batch if args.compile else 1], k=10)
+        reference.warm_up()
         runs[f"reference: questions encoded in {reference.query_precision}"] = reference
         del reference
     results = measure(runs)

@@ -9,8 +9,10 @@ generated C++ loops. On MetaQA (2-core CPU, one thread): ranking a question 5.6-
 7.6-8.3, 256 questions 215-275 ms against 305; encoding a question in int8 2.8-3.5 ms against 4.0, with
 the same distance to float32 (mean cosine 0.9969); float32 MiniLM gains nothing.
 
-What it costs: a C++ compiler at run time, and 20-30 s of compiling on the first questions and the
-first batch (inductor caches its kernels on disk, so later processes start faster). Fused kernels add
+What it costs: a C++ compiler at run time, and 20-40 s of compiling: graphs are compiled per shape
+family and per torch thread count, so ``Retriever.warm_up`` asks a question alone, two together and a
+batch, which compiles them all before the first real question (inductor caches its kernels on disk,
+so later processes compile faster). Fused kernels add
 floats in another order, so a near-tie can rank the other way round: the default, eager path is the
 one whose rankings equal ``seeder evaluate``'s. Where compiling fails (no compiler, an unsupported
 platform), the piece warns once and runs eagerly from then on.
@@ -68,5 +70,12 @@ def compile_encoder(encoder):
     from seeder.bert import BertSentenceEncoder
 
     if isinstance(encoder, BertSentenceEncoder):
-        encoder._forward = CompiledOrEager("the question encoder", encoder._forward)
+        forward = encoder._forward
+
+        def masked_batches(ids: torch.Tensor, mask: torch.Tensor, padded: bool) -> torch.Tensor:
+            # An all-ones mask changes nothing but rounding, and a batch of equal lengths would
+            # otherwise need a graph of its own.
+            return forward(ids, mask, padded or ids.shape[0] > 1)
+
+        encoder._forward = CompiledOrEager("the question encoder", masked_batches)
     return encoder

@@ -283,6 +283,16 @@ class Retriever:
         result, _, _ = self.rank(subgraphs, np.asarray(self.artifacts.query_features[rows], np.float32))
         return result, subgraphs
 
+    def warm_up(self) -> None:
+        """Build what the first question would (the encoder, the name and graph indexes) and, for a
+        compiled retriever, compile every graph a call can need: one question, a few (both on one
+        thread, ``ONE_THREAD_UP_TO``) and a batch (on every thread)."""
+        texts = ["who directed the film", "which films did the director of that film write"]
+        self.retrieve(texts[:1], k=1)
+        if self.compiled:
+            self.retrieve(texts, k=1)
+            self.retrieve((texts * ONE_THREAD_UP_TO)[: ONE_THREAD_UP_TO + 1], k=1)
+
     def retrieve(self, questions: list[str] | str, k: int | list[int] = 20,
                  topics: list[int | None] | None = None) -> list[Hits]:
         """The top ``k`` nodes of each question and the triples among them; ``k`` may be one value per

@@ -89,6 +89,12 @@ def test_the_service_listens_on_loopback_only(server):
     _, port, _ = server
     listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
     assert f"127.0.0.1:{port}" in listening and f"0.0.0.0:{port}" not in listening and f"*:{port}" not in listening
+    # Nor any other socket of Serve's processes (the replicas' gRPC servers, the proxy, the controller).
+    serve_sockets = [line.split() for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+                     if any(name in line for name in ("ray::ServeRepli", "ray::ProxyActor", "ray::ServeContr"))]
+    assert serve_sockets, "ss shows no Serve process"
+    public = [local for _, _, _, local, *_ in serve_sockets if not local.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
+    assert not public, f"Serve listens beyond loopback on {public}"
 
 
 def test_parse_request_without_a_server():
