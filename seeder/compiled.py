@@ -9,13 +9,14 @@ generated C++ loops. On MetaQA (2-core CPU, one thread): ranking a question 5.6-
 7.6-8.3, 256 questions 215-275 ms against 305; encoding a question in int8 2.8-3.5 ms against 4.0, with
 the same distance to float32 (mean cosine 0.9969); float32 MiniLM gains nothing.
 
-What it costs: a C++ compiler at run time, and 20-40 s of compiling: graphs are compiled per shape
+What it costs: a C++ compiler at run time, and 20-40 s of compiling. Graphs are compiled per shape
 family and per torch thread count, so ``Retriever.warm_up`` asks a question alone, two together and a
 batch, which compiles them all before the first real question (inductor caches its kernels on disk,
-so later processes compile faster). Fused kernels add
-floats in another order, so a near-tie can rank the other way round: the default, eager path is the
-one whose rankings equal ``seeder evaluate``'s. Where compiling fails (no compiler, an unsupported
-platform), the piece warns once and runs eagerly from then on.
+so later processes compile faster). Fused kernels add floats in another order, so a near-tie can rank
+the other way round: the default, eager path is the one whose rankings equal ``seeder evaluate``'s.
+Where compiling fails (no compiler, an unsupported platform), the piece warns once and runs eagerly
+from then on. Training gains nothing from it here: compiling ``propagate`` for the training step,
+backward included, measured 236-282 ms a step against 208-224 eager.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from seeder.allocator import keep_freed_memory
 from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
@@ -148,7 +147,6 @@ class Retriever:
         self.schedule = Schedule.evaluation(self.config, info.config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
-        keep_freed_memory()  # encoding and subgraphs of a batch, too, reuse their memory from call to call
 
     # -- loading -----------------------------------------------------------------------------------
 
