@@ -284,12 +284,14 @@ class Retriever:
     def warm_up(self) -> None:
         """Build what the first question would (the encoder, the name and graph indexes) and, for a
         compiled retriever, compile every graph a call can need: one question, a few (both on one
-        thread, ``ONE_THREAD_UP_TO``) and a batch (on every thread)."""
+        thread, ``ONE_THREAD_UP_TO``) and a batch on every thread, one longer than the encoder's
+        batch so that its last chunk is a lone question on every thread too."""
         texts = ["who directed the film", "which films did the director of that film write"]
         self.retrieve(texts[:1], k=1)
         if self.compiled:
             self.retrieve(texts, k=1)
-            self.retrieve((texts * ONE_THREAD_UP_TO)[: ONE_THREAD_UP_TO + 1], k=1)
+            size = max(ONE_THREAD_UP_TO, int(getattr(self.encoder, "batch_size", 0))) + 1
+            self.retrieve((texts * size)[:size], k=1)
 
     def retrieve(self, questions: list[str] | str, k: int | list[int] = 20,
                  topics: list[int | None] | None = None) -> list[Hits]:

@@ -240,3 +240,20 @@ def test_every_seeding_strategy_serves_new_questions_like_preprocessing(tmp_path
     np.testing.assert_array_equal(online.nodes, stored.nodes)
     hits = retriever.retrieve(texts[4:6], k=3, topics=topics[:2] if topics else None)
     assert [len(h.nodes) for h in hits] == [3, 3]
+
+
+@pytest.mark.slow
+def test_warm_up_compiles_every_graph_a_call_needs(trained):
+    """After ``warm_up`` a compiled retriever answers calls of any size without compiling again."""
+    import torch._dynamo
+
+    from seeder import Retriever
+
+    compiled = Retriever.load(trained[0] / "run" / "model", compiled=True)
+    compiled.warm_up()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    questions = compiled.artifacts.dataset.queries_of("test").column("text").to_pylist()
+    for n in (1, 3, 9, 40, 1):
+        compiled.retrieve((questions * 40)[:n], k=5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
