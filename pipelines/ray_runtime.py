@@ -106,6 +106,16 @@ def filter_forwarded_worker_lines(pattern: re.Pattern = FORWARDED_NOISE) -> bool
 def quiet_driver_loggers() -> None:
     for name, level in QUIET_DRIVER_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    plain_worker_prefixes()
+
+
+def plain_worker_prefixes() -> None:
+    """Forwarded worker lines start with "(RayTrainWorker pid=...)" in ANSI colour; in a log file or a
+    pipe the escape codes are noise ("\x1b[36m(...)\x1b[0m epoch 1/4 ..."), so they are turned off
+    (``RAY_COLOR_PREFIX=0``, read by the driver at each print) unless both streams are terminals.
+    An explicit setting wins."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def print_log_folder(ray, who: str) -> None:

@@ -210,6 +210,26 @@ def test_preprocess_train_and_sweep_listen_on_loopback_only(tmp_path):
         assert not watch.outside, f"{name} listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
 
 
+def test_forwarded_worker_lines_carry_no_colour_codes_into_a_pipe():
+    # A worker's print reaches the driver's output prefixed "(task pid=...)"; written to a pipe or a log
+    # file, that prefix must not come wrapped in ANSI escape codes.
+    driver = """
+from pipelines.ray_runtime import start_ray
+ray = start_ray(num_cpus=1, who="driver")
+@ray.remote
+def speak():
+    print("hello from a worker", flush=True)
+ray.get(speak.remote())
+import time; time.sleep(2)  # forwarded output arrives asynchronously
+"""
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, env=driver_env(),
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "hello from a worker" in line]
+    assert lines and "(speak pid=" in lines[0], done.stdout[-2000:] + done.stderr[-2000:]
+    assert not any("\x1b[" in line for line in lines), lines
+
+
 def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
     # The driver's handler of forwarded worker output is wrapped once; the C++ "constructor arguments
     # in the object store and max_restarts > 0" line goes, everything else reaches the handler.
