@@ -32,6 +32,19 @@ def test_features_depend_on_the_wording_not_on_the_entity():
     np.testing.assert_array_equal(question_form(texts, names, 256), form)  # deterministic
 
 
+def test_a_question_has_the_same_features_alone_and_in_a_large_batch():
+    # A large batch (over CATEGORIZE_FROM words) hashes its words another way than a single question.
+    from seeder.retrieve import wording
+
+    rng = np.random.default_rng(3)
+    words = np.array(["who", "directed", "films", "the", "of", "written", "by", "what", "genre", "year"])
+    texts = [" ".join(rng.choice(words, 6)) + f" Title {i}" for i in range(wording.CATEGORIZE_FROM // 7 + 10)]
+    names = [[f"Title {i}"] for i in range(len(texts))]
+    batch = question_form(texts, names, 64)
+    alone = np.concatenate([question_form([t], [n], 64) for t, n in zip(texts[:20], names[:20])])
+    np.testing.assert_array_equal(batch[:20], alone)
+
+
 def test_seed_names_follow_the_seed_rows():
     names = pa.array(["a", "b", "c", "d"])
     assert seed_names(names, np.array([[2, -1], [-1, -1], [0, 3]])) == [["c"], [], ["a", "d"]]
