@@ -14,12 +14,15 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
    is printed;
 4. ``seeder serve`` started on 127.0.0.1: one question per request from 1 client (latency), from
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
-   ``--request-batch`` questions (throughput).
+   ``--request-batch`` questions (throughput). Each client keeps its HTTP/1.1 connection open across
+   its requests, as HTTP client libraries and load generators do; the single client is measured a
+   second time with a new connection per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -30,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -47,10 +51,23 @@ def percentiles(ms: list[float]) -> str:
     return f"p50 {p50:.1f} ms  p95 {p95:.1f} ms  p99 {p99:.1f} ms"
 
 
-def post(url: str, payload: dict, timeout: float = 300) -> tuple[int, float]:
+def post(url: str, payload: dict, timeout: float = 300, connection: http.client.HTTPConnection | None = None
+         ) -> tuple[int, float]:
+    """POST ``payload``; (status, ms). With ``connection``, over that kept-alive connection (as HTTP
+    clients and load generators send requests), else over a new connection for this request."""
     body = json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     start = time.perf_counter()
+    if connection is not None:
+        try:
+            connection.request("POST", urllib.parse.urlsplit(url).path or "/", body=body,
+                               headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            response.read()
+            return response.status, (time.perf_counter() - start) * 1000
+        except (http.client.HTTPException, OSError):
+            connection.close()  # reconnects on the next request
+            return 0, (time.perf_counter() - start) * 1000
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             response.read()
@@ -62,18 +79,22 @@ def post(url: str, payload: dict, timeout: float = 300) -> tuple[int, float]:
     return status, (time.perf_counter() - start) * 1000
 
 
-def load_clients(url: str, payloads: list[dict], clients: int) -> tuple[list[float], int, float]:
-    """Send ``payloads`` from ``clients`` threads; (latencies ms, errors, wall seconds)."""
+def load_clients(url: str, payloads: list[dict], clients: int, keep_alive: bool = True
+                 ) -> tuple[list[float], int, float]:
+    """Send ``payloads`` from ``clients`` threads, each over one kept-alive connection (or a new one per
+    request); (latencies ms, errors, wall seconds)."""
     latencies, errors, lock, cursor = [], [0], threading.Lock(), [0]
+    address = urllib.parse.urlsplit(url)
 
     def worker():
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=300) if keep_alive else None
         while True:
             with lock:
                 if cursor[0] >= len(payloads):
                     return
                 payload = payloads[cursor[0]]
                 cursor[0] += 1
-            status, ms = post(url, payload)
+            status, ms = post(url, payload, connection=connection)
             with lock:
                 latencies.append(ms)
                 errors[0] += status != 200
@@ -201,6 +222,9 @@ def main() -> None:
         payloads = [{"question": q, "k": 10} for q in questions[: args.questions]]
         latencies, errors, _ = load_clients(url, payloads, 1)
         print(f"serve, 1 client, one question per request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
+        latencies, errors, _ = load_clients(url, payloads, 1, keep_alive=False)
+        print(f"serve, 1 client, one question per request, a new connection each ({len(latencies)}): "
+              f"{percentiles(latencies)}, {errors} errors")
         latencies, errors, wall = load_clients(url, payloads, args.clients)
         print(f"serve, {args.clients} clients, one question per request: {len(payloads) / wall:.0f} questions/s, "
               f"{percentiles(latencies)}, {errors} errors")
