@@ -104,6 +104,8 @@ def filter_forwarded_worker_lines(pattern: re.Pattern = FORWARDED_NOISE) -> bool
 
 
 def quiet_driver_loggers() -> None:
+    """The driver's side of a quiet terminal: its routine loggers raised to ``QUIET_DRIVER_LOGGERS``, and
+    forwarded worker lines without colour codes off a terminal (``plain_worker_prefixes``)."""
     for name, level in QUIET_DRIVER_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
     plain_worker_prefixes()
