@@ -198,6 +198,27 @@ def finish_child_runs(client, experiment_id: str, parent_run_id: str, records: l
     return ids
 
 
+def mark_interrupted_runs(client, experiment_id: str, parent_run_id: str, result_grid) -> int:
+    """After Ctrl-C, make MLflow agree with the state Tune saved; returns the number of trials done.
+
+    A trial closes its child run just before its last report, so Ctrl-C in between leaves a run
+    FINISHED that Tune saved as unfinished and will resume from its checkpoint. Such runs, and those
+    the interrupt cut short, become KILLED (``seeder.status`` INTERRUPTED) until the sweep resumes.
+    The in-memory trials look terminated once Tune has stopped them, so the saved state is read back.
+    """
+    from ray import tune
+
+    from seeder.tracking import find_child_runs
+
+    saved = tune.ExperimentAnalysis(result_grid.experiment_path, storage_filesystem=result_grid.filesystem).trials
+    unfinished = {str(t) for t in saved if t.status not in ("TERMINATED", "ERROR")}
+    for run in find_child_runs(client, experiment_id, parent_run_id):
+        if run.data.tags.get("seeder.trial") in unfinished and run.info.status != "KILLED":
+            client.set_tag(run.info.run_id, "seeder.status", "INTERRUPTED")
+            client.set_terminated(run.info.run_id, status="KILLED")
+    return sum(t.status == "TERMINATED" for t in saved)
+
+
 def evaluate_champion(artifacts, champion: str, client, parent_run_id: str, child_run_id: str) -> dict[str, float]:
     """Evaluate ``champion`` on the test split (the val split when the artifacts have no test queries)
     exactly as ``seeder evaluate --method seeder --split S --model models:/NAME@champion`` does, and log
@@ -356,7 +377,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     if interrupted.seen or result_grid.num_terminated + result_grid.num_errors < max(len(result_grid), args.num_samples):
         # Ctrl-C (or SIGTERM): Tune saved its state; finished trials are kept and are not rerun.
-        print(f"sweep {name} interrupted after {seconds:.0f} s with {result_grid.num_terminated} trials done; "
+        done = mark_interrupted_runs(client, experiment_id, parent_run_id, result_grid)
+        print(f"sweep {name} interrupted after {seconds:.0f} s with {done} trials done; "
               f"continue it with: python tune/sweep.py --artifacts {args.artifacts} --name {name} "
               f"--storage {storage} --resume", file=sys.stderr)
         ray.shutdown()

@@ -251,6 +251,12 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
     done_before = finished_trials(attempts=30)
     assert 2 <= len(done_before) < 6
+    # A trial that Tune will resume is KILLED in MLflow, not left RUNNING (or FINISHED when Ctrl-C
+    # fell between its last epoch and Tune saving that result).
+    with sqlite3.connect(db, timeout=30) as con:
+        statuses = dict(con.execute("select name, status from runs where name like 't0%'").fetchall())
+    assert set(statuses.values()) <= {"FINISHED", "KILLED"}, statuses
+    assert "interrupted after" in (tmp_path / "first.log").read_text()
     stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
     assert len(stamps) == len(done_before)
 
