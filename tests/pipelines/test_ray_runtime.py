@@ -219,8 +219,15 @@ ray = start_ray(num_cpus=1, who="driver")
 @ray.remote
 def speak():
     print("hello from a worker", flush=True)
+# Forwarded output arrives asynchronously (the log monitor polls the worker's file): wait for it.
+import threading, time
+from ray._private.ray_logging import global_worker_stdstream_dispatcher
+arrived = threading.Event()
+global_worker_stdstream_dispatcher.add_handler(
+    "wait_for_hello", lambda data: any("hello from a worker" in line for line in data["lines"]) and arrived.set())
 ray.get(speak.remote())
-import time; time.sleep(2)  # forwarded output arrives asynchronously
+arrived.wait(120)
+time.sleep(0.5)  # the printing handler runs beside this one
 """
     done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, env=driver_env(),
                           cwd=REPO)
