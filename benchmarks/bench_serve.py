@@ -16,7 +16,8 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
    ``--request-batch`` questions (throughput). Each client keeps its HTTP/1.1 connection open across
    its requests, as HTTP client libraries and load generators do; the single client is measured a
-   second time with a new connection per request.
+   second time with ``GET /?question=...`` (no body to fetch) and a third time with a new connection
+   per request.
 """
 
 from __future__ import annotations
@@ -51,23 +52,27 @@ def percentiles(ms: list[float]) -> str:
     return f"p50 {p50:.1f} ms  p95 {p95:.1f} ms  p99 {p99:.1f} ms"
 
 
-def post(url: str, payload: dict, timeout: float = 300, connection: http.client.HTTPConnection | None = None
-         ) -> tuple[int, float]:
+def post(url: str, payload: dict, timeout: float = 300, connection: http.client.HTTPConnection | None = None,
+         as_get: bool = False) -> tuple[int, float]:
     """POST ``payload``; (status, ms). With ``connection``, over that kept-alive connection (as HTTP
-    clients and load generators send requests), else over a new connection for this request."""
-    body = json.dumps(payload).encode()
+    clients and load generators send requests), else over a new connection for this request.
+    ``as_get``: a single-question payload as ``GET /?question=...&k=...`` instead, with no body."""
+    method, body, headers = "POST", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    path = urllib.parse.urlsplit(url).path or "/"
+    if as_get:
+        method, body, headers = "GET", None, {}
+        path += "?" + urllib.parse.urlencode({"question": payload["question"], "k": payload.get("k", 10)})
     start = time.perf_counter()
     if connection is not None:
         try:
-            connection.request("POST", urllib.parse.urlsplit(url).path or "/", body=body,
-                               headers={"Content-Type": "application/json"})
+            connection.request(method, path, body=body, headers=headers)
             response = connection.getresponse()
             response.read()
             return response.status, (time.perf_counter() - start) * 1000
         except (http.client.HTTPException, OSError):
             connection.close()  # reconnects on the next request
             return 0, (time.perf_counter() - start) * 1000
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(urllib.parse.urljoin(url, path), data=body, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             response.read()
@@ -79,10 +84,10 @@ def post(url: str, payload: dict, timeout: float = 300, connection: http.client.
     return status, (time.perf_counter() - start) * 1000
 
 
-def load_clients(url: str, payloads: list[dict], clients: int, keep_alive: bool = True
+def load_clients(url: str, payloads: list[dict], clients: int, keep_alive: bool = True, as_get: bool = False
                  ) -> tuple[list[float], int, float]:
     """Send ``payloads`` from ``clients`` threads, each over one kept-alive connection (or a new one per
-    request); (latencies ms, errors, wall seconds)."""
+    request), as POSTs (or GETs, ``post``'s ``as_get``); (latencies ms, errors, wall seconds)."""
     latencies, errors, lock, cursor = [], [0], threading.Lock(), [0]
     address = urllib.parse.urlsplit(url)
 
@@ -94,7 +99,7 @@ def load_clients(url: str, payloads: list[dict], clients: int, keep_alive: bool 
                     return
                 payload = payloads[cursor[0]]
                 cursor[0] += 1
-            status, ms = post(url, payload, connection=connection)
+            status, ms = post(url, payload, connection=connection, as_get=as_get)
             with lock:
                 latencies.append(ms)
                 errors[0] += status != 200
@@ -222,6 +227,8 @@ def main() -> None:
         payloads = [{"question": q, "k": 10} for q in questions[: args.questions]]
         latencies, errors, _ = load_clients(url, payloads, 1)
         print(f"serve, 1 client, one question per request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
+        latencies, errors, _ = load_clients(url, payloads, 1, as_get=True)
+        print(f"serve, 1 client, one question per GET request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
         latencies, errors, _ = load_clients(url, payloads, 1, keep_alive=False)
         print(f"serve, 1 client, one question per request, a new connection each ({len(latencies)}): "
               f"{percentiles(latencies)}, {errors} errors")

@@ -4,7 +4,9 @@
     seeder serve --model M ...                      (the same command)
 
 POST a JSON body ``{"questions": ["...", ...], "k": 10}`` (or ``{"question": "..."}``) to
-``http://127.0.0.1:PORT/``; the reply is ``{"results": [{"question", "set_size", "nodes": [{"rank",
+``http://127.0.0.1:PORT/``, or GET ``/?question=...&k=10`` (one ``question`` parameter per question):
+a GET carries no body, which the replica would otherwise fetch from the proxy in a second call
+(2-3 ms of a single question's request here). The reply is ``{"results": [{"question", "set_size", "nodes": [{"rank",
 "id", "name", "type", "score", "step"}], "triples": [[head, relation, tail], ...]}, ...]}``. Each
 replica loads the model once (``seeder.retriever.Retriever``) and ranks the questions of concurrent
 requests together (``serve.batch``), in one batched pass. A malformed body gets a 400 with the
@@ -43,7 +45,7 @@ class BadRequest(ValueError):
 
 
 def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str], int]:
-    """The questions and k of a request body; ``BadRequest`` (400/413) says what is wrong."""
+    """The questions and k of a POST body; ``BadRequest`` (400/413) says what is wrong."""
     import json
 
     try:
@@ -55,12 +57,30 @@ def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str
     questions = data.get("questions", [data["question"]] if "question" in data else None)
     if not isinstance(questions, list) or not questions:
         raise BadRequest(400, '"questions" must be a non-empty list of strings (or send "question": "...")')
+    return checked(questions, data.get("k", 10), max_questions, max_k)
+
+
+def parse_query(params, max_questions: int, max_k: int) -> tuple[list[str], int]:
+    """The questions and k of a GET's query string (``params``: a Starlette ``QueryParams`` or anything
+    with ``getlist`` and ``get``): ``?question=...&question=...&k=10``."""
+    questions = params.getlist("question")
+    if not questions:
+        raise BadRequest(400, 'GET /?question=...&k=10 (one "question" per question), or POST {"questions": ["..."], "k": 10}')
+    k = params.get("k", "10")
+    try:
+        k = int(k)
+    except ValueError:
+        raise BadRequest(400, f'"k" must be an integer from 1 to {max_k}, not {k!r}') from None
+    return checked(questions, k, max_questions, max_k)
+
+
+def checked(questions: list, k, max_questions: int, max_k: int) -> tuple[list[str], int]:
+    """``questions`` and ``k`` of either form, or ``BadRequest`` naming the first thing wrong."""
     if len(questions) > max_questions:
         raise BadRequest(413, f"{len(questions)} questions in one request; at most {max_questions} (split the batch)")
     bad = [i for i, q in enumerate(questions) if not isinstance(q, str) or not q.strip()]
     if bad:
         raise BadRequest(400, f"question {bad[0]} is not a non-empty string")
-    k = data.get("k", 10)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_k:
         raise BadRequest(400, f'"k" must be an integer from 1 to {max_k}')
     return questions, k
@@ -121,10 +141,14 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
             return out
 
         async def __call__(self, request: Request):
-            if request.method != "POST":
-                return JSONResponse({"error": 'POST a JSON body {"questions": ["..."], "k": 10}'}, status_code=405)
+            if request.method not in ("POST", "GET"):
+                return JSONResponse({"error": 'POST a JSON body {"questions": ["..."], "k": 10} or GET /?question=...&k=10'},
+                                    status_code=405)
             try:
-                questions, k = parse_request(await request.body(), max_questions, self.max_k)
+                if request.method == "GET":
+                    questions, k = parse_query(request.query_params, max_questions, self.max_k)
+                else:
+                    questions, k = parse_request(await request.body(), max_questions, self.max_k)
             except BadRequest as exc:
                 return JSONResponse({"error": str(exc)}, status_code=exc.status)
             if len(questions) > max_batch_size:  # a large batch is already a batch: rank it directly

@@ -9,17 +9,18 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from pipelines.serve import BadRequest, parse_request
+from pipelines.serve import BadRequest, parse_query, parse_request
 from tests.conftest import ENV, free_port
 
 
-def post(url: str, body: bytes, timeout: float = 120) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+def post(url: str, body: bytes | None, timeout: float = 120, method: str = "POST") -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"} if body else {}, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -85,6 +86,22 @@ def test_bad_requests_get_a_4xx_and_the_service_keeps_running(server, body, stat
 
 
 @pytest.mark.slow
+def test_a_get_request_gets_the_same_rankings_as_a_post(server):
+    url, _, root = server
+    from seeder import Retriever
+
+    questions = Retriever.load(root / "run" / "model").artifacts.dataset.queries_of("test").column("text").to_pylist()[:2]
+    status, by_get = post(url + "?" + urllib.parse.urlencode([("question", q) for q in questions] + [("k", 4)]), None, method="GET")
+    assert status == 200
+    assert by_get == post(url, json.dumps({"questions": questions, "k": 4}).encode())[1]
+    assert [len(r["nodes"]) for r in by_get["results"]] == [4, 4]
+    for query, message in (("k=3", '"question"'), ("question=a&k=three", "not 'three'"), ("question=a&k=0", '"k"')):
+        got, reply = post(f"{url}?{query}", None, method="GET")
+        assert got == 400 and message in reply["error"], (query, reply)
+    assert post(url, None, method="PUT")[0] == 405
+
+
+@pytest.mark.slow
 def test_the_service_listens_on_loopback_only(server):
     _, port, _ = server
     listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
@@ -103,3 +120,15 @@ def test_parse_request_without_a_server():
     with pytest.raises(BadRequest) as info:
         parse_request(json.dumps({"questions": ["a"] * 11}).encode(), 10, 100)
     assert info.value.status == 413
+
+
+def test_parse_query_without_a_server():
+    from starlette.datastructures import QueryParams
+
+    assert parse_query(QueryParams("question=who+directed+Kismet&question=b&k=3"), 10, 100) == (["who directed Kismet", "b"], 3)
+    assert parse_query(QueryParams("question=a"), 10, 100) == (["a"], 10)
+    for query, status in (("k=3", 400), ("question=a&k=x", 400), ("question=a&k=101", 400), ("question=+&k=1", 400),
+                          ("&".join(["question=a"] * 11), 413)):
+        with pytest.raises(BadRequest) as info:
+            parse_query(QueryParams(query), 10, 100)
+        assert info.value.status == status, query
