@@ -15,8 +15,9 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
 4. ``seeder serve`` started on 127.0.0.1: one question per request from 1 client (latency), from
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
    ``--request-batch`` questions (throughput). Each client keeps its HTTP/1.1 connection open across
-   its requests, as HTTP client libraries and load generators do; the single client is measured a
-   second time with ``GET /?question=...`` (no body to fetch) and a third time with a new connection
+   its requests, as HTTP client libraries and load generators do. The single client sends each
+   question as a POST and as a ``GET /?question=...`` (no body for the replica to fetch), the two forms
+   alternating in blocks of ``INTERLEAVE`` questions, and is measured once more with a new connection
    per request.
 """
 
@@ -225,10 +226,18 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}/"
         post(url, {"question": questions[0], "k": 10})
         payloads = [{"question": q, "k": 10} for q in questions[: args.questions]]
-        latencies, errors, _ = load_clients(url, payloads, 1)
-        print(f"serve, 1 client, one question per request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
-        latencies, errors, _ = load_clients(url, payloads, 1, as_get=True)
-        print(f"serve, 1 client, one question per GET request ({len(latencies)}): {percentiles(latencies)}, {errors} errors")
+        # POSTs and GETs from one client over one kept-alive connection, alternating in blocks of
+        # INTERLEAVE questions so that the service's first minutes and the machine's drift weigh on both.
+        by_form = {"POST": [], "GET": []}
+        errors = 0
+        for i, lo in enumerate(range(0, len(payloads), INTERLEAVE)):
+            for form in ("POST", "GET")[:: 1 if i % 2 == 0 else -1]:
+                latencies, failed, _ = load_clients(url, payloads[lo : lo + INTERLEAVE], 1, as_get=form == "GET")
+                by_form[form] += latencies
+                errors += failed
+        for form, latencies in by_form.items():
+            print(f"serve, 1 client, one question per {form} request ({len(latencies)}): {percentiles(latencies)}, "
+                  f"{errors} errors in both")
         latencies, errors, _ = load_clients(url, payloads, 1, keep_alive=False)
         print(f"serve, 1 client, one question per request, a new connection each ({len(latencies)}): "
               f"{percentiles(latencies)}, {errors} errors")
