@@ -74,3 +74,24 @@ def test_the_compiled_int8_encoder_matches_the_eager_one():
     want = np.concatenate([eager.encode(texts), *(eager.encode([t]) for t in texts)])
     assert compiled._forward.compiled is not None
     assert (got * want).sum(1).min() > 0.99  # int8 rounding may land on the other side of a step
+
+
+@pytest.mark.slow
+def test_a_batch_of_equal_lengths_needs_no_graph_of_its_own():
+    """The graphs compiled for a padded batch and a lone question serve a batch of equal lengths too (a
+    serving replica sees one whenever questions of the same length arrive together)."""
+    from torch._dynamo.utils import counters
+
+    from seeder.bert import BertSentenceEncoder
+    from seeder.embed import minilm_path
+
+    encoder = compile_encoder(BertSentenceEncoder(minilm_path(), cpu_precision="int8"))
+    eager = BertSentenceEncoder(minilm_path(), cpu_precision="int8")
+    encoder.encode(["what films did Joel Zwick direct", "genre of Alien"])  # padded
+    encoder.encode(["genre of Alien"])  # alone
+    graphs = counters["stats"]["unique_graphs"]
+    same_length = ["genre of Alien", "genre of Heat", "genre of Alien"]
+    got = encoder.encode(same_length)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert encoder._forward.compiled is not None
+    assert (got * eager.encode(same_length)).sum(1).min() > 0.99
