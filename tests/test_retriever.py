@@ -80,12 +80,16 @@ def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restor
     rankings are those of the same questions inside a large batch, and the caller's thread counts are
     left as they were."""
     import torch
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
-    from seeder.retriever import ONE_THREAD_UP_TO
+    from seeder.retriever import ONE_THREAD_UP_TO, _blas_libraries
+
+    # The BLAS libraries loaded when the retriever first ran (numpy's among them); other tests may load
+    # more later, which the retriever leaves alone.
+    assert _blas_libraries().info(), "no BLAS library found in this process"
 
     def blas_threads() -> list[int]:
-        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+        return [lib["num_threads"] for lib in _blas_libraries().info()]
 
     texts = retriever.artifacts.dataset.queries_of("val").column("text").to_pylist()[: 4 * ONE_THREAD_UP_TO]
     batched = retriever.retrieve(texts, k=10)
