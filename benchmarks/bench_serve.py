@@ -226,8 +226,9 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}/"
         post(url, {"question": questions[0], "k": 10})
         payloads = [{"question": q, "k": 10} for q in questions[: args.questions]]
-        # POSTs and GETs from one client over one kept-alive connection, alternating in blocks of
-        # INTERLEAVE questions so that the service's first minutes and the machine's drift weigh on both.
+        # POSTs and GETs from one client, alternating in blocks of INTERLEAVE questions so that the
+        # service's first minutes and the machine's drift weigh on both; each block keeps one connection
+        # alive (so 1 request in INTERLEAVE of each form also opens it).
         by_form = {"POST": [], "GET": []}
         errors = 0
         for i, lo in enumerate(range(0, len(payloads), INTERLEAVE)):

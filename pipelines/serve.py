@@ -6,8 +6,9 @@
 POST a JSON body ``{"questions": ["...", ...], "k": 10}`` (or ``{"question": "..."}``) to
 ``http://127.0.0.1:PORT/``, or GET ``/?question=...&k=10`` (one ``question`` parameter per question):
 a GET carries no body, which the replica would otherwise fetch from the proxy in a second call
-(2-3 ms of a single question's request here). The reply is ``{"results": [{"question", "set_size", "nodes": [{"rank",
-"id", "name", "type", "score", "step"}], "triples": [[head, relation, tail], ...]}, ...]}``. Each
+(2-3 ms of a single question's request here). The reply is ``{"results": [{"question", "set_size",
+"nodes": [{"rank", "id", "name", "type", "score", "step"}], "triples": [[head, relation, tail], ...]},
+...]}``. Each
 replica loads the model once (``seeder.retriever.Retriever``) and ranks the questions of concurrent
 requests together (``serve.batch``), in one batched pass. A malformed body gets a 400 with the
 reason, a batch over ``--max-questions`` a 413; the service keeps running. It binds to 127.0.0.1
