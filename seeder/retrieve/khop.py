@@ -90,20 +90,24 @@ def _bits(count: int) -> int:
     return max(int(count) - 1, 0).bit_length()
 
 
-def _packed_order(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
-    """Sorted int64 keys packing non-negative ``fields`` (array, bits), most significant first.
-
-    Sorting the packed values (np.sort, SIMD, no permutation array) gives the lexicographic order of
-    the fields several times faster than ``np.lexsort`` or a stable argsort; the fields are read
-    back with shifts. None when they do not fit in 63 bits (the caller then sorts the long way).
-    """
+def _packed_keys(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
+    """int64 keys packing non-negative ``fields`` (array, bits), most significant first, whose order
+    is the lexicographic order of the fields (read back with shifts). None when they do not fit in
+    63 bits (the caller then sorts the long way)."""
     if sum(bits for _, bits in fields) > 63:
         return None
     packed = np.zeros(len(fields[0][0]), dtype=np.int64)
     for values, bits in fields:
         packed <<= bits
         packed |= values
-    return np.sort(packed)
+    return packed
+
+
+def _packed_order(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
+    """``_packed_keys`` sorted: the lexicographic order of the fields, several times faster than
+    ``np.lexsort`` or a stable argsort (np.sort, SIMD, no permutation array)."""
+    packed = _packed_keys(fields)
+    return None if packed is None else np.sort(packed)
 
 
 def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -351,17 +355,22 @@ def expand_batch(
         # Max over incoming (v, r) per (query, node), merged with the carried candidates.
         all_keys = np.concatenate([carry_keys, cand_keys[fresh]])
         all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
+        key_and_edge = [(all_keys, _bits(n * num_q)), (_descending_bits(all_edge), 32)]
         if learned:
-            # Best edge first within each key, so the first row also names the best path's trie node.
-            # (Nothing is carried in this mode, see below.)
-            all_trie = child[fresh]
-            order = np.lexsort((all_trie, -all_edge, all_keys))
-            all_trie = all_trie[order]
-            all_keys, all_edge = all_keys[order], all_edge[order]
-            packed = None
+            # The permutation carries each entry's trie node along (an argsort of one packed key, not
+            # a lexsort of three arrays). Among a key's entries tied at its best edge term, the
+            # smallest trie node names the path. (Nothing is carried in this mode, see below.)
+            packed = _packed_keys(key_and_edge)
+            if packed is not None:
+                order = np.argsort(packed)
+                packed, all_trie = packed[order], child[fresh][order]
+                all_keys = packed >> 32
+            else:
+                order = np.lexsort((child[fresh], -all_edge, all_keys))
+                all_keys, all_edge, all_trie = all_keys[order], all_edge[order], child[fresh][order]
         else:
             # (key, edge term descending) packed in one int64: the first entry of a key is its max.
-            packed = _packed_order([(all_keys, 31), (_descending_bits(all_edge), 32)]) if n * num_q < 1 << 31 else None
+            packed = _packed_order(key_and_edge)
             if packed is None:
                 order = np.argsort(all_keys)  # the max below does not care about the order of equal keys
                 all_keys, all_edge = all_keys[order], all_edge[order]
@@ -373,12 +382,18 @@ def expand_batch(
         first[1:] = all_keys[1:] != all_keys[:-1]
         starts = np.flatnonzero(first)
         ukeys = all_keys[starts]
-        if learned:
-            best_edge, best_trie = all_edge[starts], all_trie[starts]
-        elif packed is not None:
+        if packed is not None:
             best_edge = _from_descending_bits(packed[starts] & 0xFFFFFFFF)
         else:
-            best_edge = np.maximum.reduceat(all_edge, starts)
+            best_edge = all_edge[starts] if learned else np.maximum.reduceat(all_edge, starts)
+        if learned and packed is not None:
+            # Runs of equal (key, edge term): the smallest trie node of each key's first run.
+            run = np.ones(len(packed), dtype=bool)
+            run[1:] = packed[1:] != packed[:-1]
+            runs = np.flatnonzero(run)
+            best_trie = np.minimum.reduceat(all_trie, runs)[first[runs]]
+        elif learned:
+            best_trie = all_trie[starts]
         uq, unode = ukeys // n, ukeys % n
         clock("max per node")
         # Carried candidates keep their cosine. Every carried key is among ukeys, so the few carried

@@ -188,10 +188,38 @@ def test_packed_sorts_equal_the_long_way_with_ties(random_graph, monkeypatch, pa
     cfg = ExpandConfig(budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term)
     fast = run(kg, nf, rf, qf, seeds, cfg)
     assert len(np.unique(fast.score)) < 0.6 * len(fast.score)  # ties really happen
-    monkeypatch.setattr(khop, "_packed_order", lambda fields: None)
+    monkeypatch.setattr(khop, "_packed_keys", lambda fields: None)
     slow = run(kg, nf, rf, qf, seeds, cfg)
     for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
         np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+
+
+def test_learned_filter_packed_sort_equals_the_long_way_with_ties(random_graph, monkeypatch):
+    """With the relation-path prior's terms, the packed (key, edge term) argsort picks each node's
+    best edge and, among edges tied at it, the smallest trie node, exactly as the three-key lexsort."""
+    import seeder.retrieve.khop as khop
+
+    kg, _, rng = random_graph
+    nf = normalised(rng, 3, 8)[rng.integers(0, 3, kg.num_nodes)]
+    rf = normalised(rng, 2 * kg.num_relations, 8)
+    qf, seeds = normalised(rng, 6, 8), rng.integers(0, kg.num_nodes, (6, 2))
+    # A random trie over the 2R relation ids; path terms take 3 values, so parents tie on their terms.
+    size = 40
+    children = np.where(rng.random((size, 2 * kg.num_relations)) < 0.5, rng.integers(1, size, (size, 2 * kg.num_relations)), -1)
+    terms = rng.choice(np.array([-1.0, -0.5, 0.0], np.float32), (len(qf), size))
+    ends = rng.standard_normal((len(qf), size)).astype(np.float32)
+    cfg = ExpandConfig(budget=16, hops=3, keep_per_hop=[4, 5, 7], relation_score="learned")
+    graph = GraphIndex.build(kg)
+
+    def expand():
+        return khop.expand_batch(graph, nf, rf, qf, seeds, cfg, path_terms=terms, trie_children=children, end_terms=ends)
+
+    fast = expand()
+    assert len(np.unique(fast["path_end"])) < len(fast["path_end"])  # nodes share a path
+    monkeypatch.setattr(khop, "_packed_keys", lambda fields: None)
+    slow = expand()
+    for name in ("node_ptr", "nodes", "hop", "score", "path_end", "edge_src", "edge_dst", "edge_rel"):
+        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
 
 
 def test_descending_bits_round_trip():
