@@ -160,10 +160,8 @@ class ExpandConfig(Section):
     """What the w2 term reads from the source node v: ``similarity`` (sim(q,v), the paper's) or
     ``score`` (v's own filter score, so the relations of the whole path from the seed add up and a
     multi-hop question's relation chain outranks hub neighbourhoods)."""
-    batch_queries: int = 64
-    """Queries expanded together in one vectorised pass. It bounds the flat arrays' memory, and smaller
-    arrays sort in cache: on MetaQA 64 expands 7-17% faster than 256 (the same subgraphs for 2,048 val
-    questions), on the random 1M-node graph of benchmarks/bench_expand.py the two are alike."""
+    batch_queries: int = 256
+    """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
     relation_score: RelationScore = "cosine"
     """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
     probability mass of the candidate's relation path from the seed (the parent's path plus this edge's
