@@ -13,7 +13,8 @@ Everything is vectorised over a batch of queries: (query, node) pairs live in fl
 ``query * N + node``; CSR slices are gathered with repeat/cumsum offsets. The sorts pack their keys
 into one int64 and sort the values (``_packed_order``), which is several times faster than a lexsort
 or a stable argsort and gives the same order: the max over incoming edges sorts (key, edge term
-descending) and keeps each key's first entry; per-query top-b sorts (query, score descending,
+descending) and keeps each key's first entry (with the learned prior, an argsort of that key, which
+carries each entry's trie node along); per-query top-b sorts (query, score descending,
 candidate index), the index standing for the node id; induced edges sort (query, src, dst,
 relation). Where the fields do not fit in 63 bits the long way (argsort, lexsort) is taken. Only
 the hops are a Python loop.
