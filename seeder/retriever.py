@@ -39,13 +39,10 @@ ms on one, and 17 ms against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two thr
 whole question took 18.8 ms against 16.3 when its encoding alone switched to two). Large batches keep
 every thread (256 questions encode in 0.55 s on two, 0.95 s on one).
 
-numpy's BLAS (OpenBLAS) runs on one thread in every call, whatever its size: its worker threads
-busy-wait after each product, so they burn a core that the caller's other work needs (in a service,
-Ray Serve's proxy; in a large batch, torch's second thread). Through ``seeder serve`` on 2 cores that
-spinning thread took as much CPU as a single question itself; with it gone, the single-question p50
-fell from 24.5-25.6 to 20.8-22.9 ms. Batches of 256 MetaQA questions: 362 questions/s with one BLAS
-thread against 352 with two, measured interleaved (the products it runs, PCA, dense seeds and the
-K-hop filter's shared rows, are a small part of a batch)."""
+numpy's BLAS (OpenBLAS) gets one thread too: its worker threads busy-wait after each product, so
+beside a single question's small products they only burn a core that the caller's other work (in a
+service, Ray Serve's proxy) needs. Through ``seeder serve`` on 2 cores that spinning thread took as much
+CPU as the question itself; with it gone, the single-question p50 fell from 24.5-25.6 to 20.8-22.9 ms."""
 
 
 ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16", "int8")
@@ -81,20 +78,22 @@ IN_MEMORY_FEATURES = 4 << 30
 
 
 @contextmanager
-def _threads(torch_threads: int | None):
-    """Torch's intra-op threads set to ``torch_threads`` (None: left as they are) and numpy's BLAS on
-    one thread inside (see ``ONE_THREAD_UP_TO``), and the caller's settings back afterwards."""
+def _intra_op_threads(count: int | None):
+    """Torch's intra-op threads and numpy's BLAS threads set to ``count`` inside (None: left as they
+    are), and the caller's settings back afterwards."""
     import torch
 
+    if count is None:
+        yield
+        return
     before = torch.get_num_threads()
-    change = torch_threads is not None and torch_threads != before
-    if change:
-        torch.set_num_threads(torch_threads)
+    if count != before:
+        torch.set_num_threads(count)
     try:
-        with _blas_libraries().limit(limits=1):
+        with _blas_libraries().limit(limits=count):
             yield
     finally:
-        if change:
+        if count != before:
             torch.set_num_threads(before)
 
 
@@ -323,7 +322,7 @@ class Retriever:
         ks = [k] * len(questions) if isinstance(k, int) else list(k)
         if len(ks) != len(questions):
             raise DataError(f"{len(ks)} values of k for {len(questions)} questions")
-        with _threads(1 if len(questions) <= ONE_THREAD_UP_TO else None):
+        with _intra_op_threads(1 if len(questions) <= ONE_THREAD_UP_TO else None):
             subgraphs, query_features = self.subgraphs(questions, topics)
             result, steps, scores = self.rank(subgraphs, query_features)
         return self._hits(questions, subgraphs, result, steps, scores, ks)
