@@ -361,14 +361,15 @@ def expand_batch(
             # The permutation carries each entry's trie node along (an argsort of one packed key, not
             # a lexsort of three arrays). Among a key's entries tied at its best edge term, the
             # smallest trie node names the path. (Nothing is carried in this mode, see below.)
+            all_trie = child[fresh]
             packed = _packed_keys(key_and_edge)
             if packed is not None:
                 order = np.argsort(packed)
-                packed, all_trie = packed[order], child[fresh][order]
+                packed, all_trie = packed[order], all_trie[order]
                 all_keys = packed >> 32
             else:
-                order = np.lexsort((child[fresh], -all_edge, all_keys))
-                all_keys, all_edge, all_trie = all_keys[order], all_edge[order], child[fresh][order]
+                order = np.lexsort((all_trie, -all_edge, all_keys))
+                all_keys, all_edge, all_trie = all_keys[order], all_edge[order], all_trie[order]
         else:
             # (key, edge term descending) packed in one int64: the first entry of a key is its max.
             packed = _packed_order(key_and_edge)
