@@ -24,11 +24,16 @@ from seeder.rollout import QueryBatch, Rollout, make_query_batch, rank_nodes, sc
 from seeder.subgraphs import SubgraphSet
 
 
+# Node features up to this size move to a training or inference GPU whole (MetaQA's are 44 MB; a
+# 10M-node graph at d = 256 would take 10 GB, and then its rows are gathered on the host per batch).
+DEVICE_FEATURES_MAX_BYTES = 4 << 30
+
+
 @dataclass
 class QueryData:
     """What training and inference read: features by row and some queries' bounded subgraphs."""
 
-    node_features: np.ndarray  # [N, d], may be a memmap
+    node_features: np.ndarray  # [N, d], may be a memmap (or a tensor on a GPU: ``on``)
     relation_features: np.ndarray  # [2R, d]
     query_features: np.ndarray  # [Q, d], rows aligned with ``subgraphs``
     subgraphs: SubgraphSet
@@ -62,6 +67,19 @@ class QueryData:
             query_features=np.asarray(artifacts.query_features[rows], dtype=np.float32),
             subgraphs=subgraphs,
         )
+
+    def on(self, device: torch.device | str) -> "QueryData":
+        """The same queries, with the node features copied to ``device`` once when that is a GPU and they
+        fit in ``DEVICE_FEATURES_MAX_BYTES``: batches then gather their rows on the GPU. Host-side
+        gathering and the host-to-device copy of every batch's [nodes, d] rows took a third of a
+        training step at 2,048 queries per batch on an H200."""
+        device = torch.device(device)
+        if device.type == "cpu" or isinstance(self.node_features, torch.Tensor):
+            return self
+        if self.node_features.nbytes > DEVICE_FEATURES_MAX_BYTES:
+            return self
+        rows = torch.from_numpy(np.ascontiguousarray(self.node_features, dtype=np.float32)).to(device)
+        return QueryData(rows, self.relation_features, self.query_features, self.subgraphs)
 
     def take(self, index: np.ndarray) -> "QueryData":
         return QueryData(self.node_features, self.relation_features, self.query_features[index], self.subgraphs.take(index))

@@ -72,7 +72,8 @@ def make_query_batch(
     subgraphs: SubgraphSet, node_features: np.ndarray, query_features: np.ndarray, num_relations: int
 ) -> QueryBatch:
     """Tensors for ``subgraphs`` (B queries). ``query_features`` rows are aligned with ``subgraphs``;
-    ``node_features`` is indexed by global node id (a memmap is fine: only these rows are read)."""
+    ``node_features`` is indexed by global node id (a memmap is fine: only these rows are read). Given as
+    a tensor on a GPU, the rows are gathered there and ``node_text`` stays on it (``QueryData.on``)."""
     sizes = subgraphs.sizes
     num_queries = len(subgraphs)
     width = max(int(sizes.max(initial=0)), 1)
@@ -94,8 +95,11 @@ def make_query_batch(
     both_src = np.concatenate([src, dst])
     both_dst = np.concatenate([dst, src])
     both_type = np.concatenate([rel, rel + num_relations])
-    unique_nodes, inverse = np.unique(subgraphs.nodes, return_inverse=True)
-    text = np.asarray(node_features[unique_nodes], dtype=np.float32)[inverse]
+    if isinstance(node_features, torch.Tensor):  # rows already on a GPU (QueryData.on): gather them there
+        text = node_features[torch.from_numpy(subgraphs.nodes).to(node_features.device)]
+    else:
+        unique_nodes, inverse = np.unique(subgraphs.nodes, return_inverse=True)
+        text = torch.from_numpy(np.asarray(node_features[unique_nodes], dtype=np.float32)[inverse])
     return QueryBatch(
         query_ids=subgraphs.query_ids,
         global_nodes=dense(subgraphs.nodes, -1, np.int64),
@@ -105,7 +109,7 @@ def make_query_batch(
         is_answer=dense(subgraphs.is_answer, False, bool),
         num_answers=torch.from_numpy(np.maximum(subgraphs.num_answers, 1).astype(np.float32)),
         flat_position=torch.from_numpy(flat_position),
-        node_text=torch.from_numpy(text),
+        node_text=text,
         node_query=torch.from_numpy(node_query),
         hop=torch.from_numpy(subgraphs.hop.astype(np.int64)),
         flat_score=torch.from_numpy(subgraphs.score.astype(np.float32)),

@@ -230,6 +230,7 @@ def train_epoch(
     cfg = state.config.train
     device = next(state.model.parameters()).device
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
+    data = data.on(device)
     sums: dict[str, float] = {}
     start = time.perf_counter()
     num_batches = max(1, math.ceil(len(positions) / cfg.batch_size))

@@ -3,9 +3,10 @@ metrics training validates with."""
 
 import numpy as np
 import pytest
+import torch
 
 from seeder.config import ConfigError, load_config
-from seeder.inference import Schedule, evaluate, retrieve
+from seeder.inference import QueryData, Schedule, evaluate, retrieve
 from seeder.metrics import per_query_metrics
 from seeder.synth import toy_task
 from seeder.train import build_state, epoch_queries, steps_per_epoch, train_epoch, trainable_queries
@@ -82,3 +83,27 @@ def test_epoch_queries_are_disjoint_equal_and_reseeded_per_epoch():
 def test_trainable_queries_leave_out_subgraphs_without_an_answer(trained):
     _, config, data = trained
     assert len(trainable_queries(data, config)) == len(data.subgraphs)  # the toy task puts one in every subgraph
+
+
+def test_batches_gather_node_rows_from_a_tensor_as_from_the_array():
+    # QueryData.on hands a GPU the node features as a tensor; batches then gather rows there. The
+    # gather must give the rows the host path gives, in the same order (a CPU tensor runs that path).
+    data = toy_task(24, 30, 16, num_relations=3, seed=2)
+    index = np.array([5, 0, 17, 3])
+    on_host = data.batch(index)
+    as_tensor = QueryData(torch.from_numpy(data.node_features), data.relation_features, data.query_features,
+                          data.subgraphs).batch(index)
+    assert torch.equal(on_host.node_text, as_tensor.node_text)
+    assert on_host.node_text.shape == (len(data.subgraphs.take(index).nodes), 16)
+    assert data.on("cpu") is data  # nothing moves for a CPU
+
+
+def test_node_features_stay_on_the_host_above_the_device_size_limit(monkeypatch):
+    import seeder.inference as inference
+
+    data = toy_task(4, 10, 8, num_relations=2, seed=0)
+    monkeypatch.setattr(inference, "DEVICE_FEATURES_MAX_BYTES", data.node_features.nbytes - 1)
+    assert data.on("meta") is data  # too large: rows keep being gathered on the host
+    monkeypatch.setattr(inference, "DEVICE_FEATURES_MAX_BYTES", data.node_features.nbytes)
+    moved = data.on("meta")
+    assert isinstance(moved.node_features, torch.Tensor) and moved.node_features.device.type == "meta"
