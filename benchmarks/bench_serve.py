@@ -142,6 +142,7 @@ def main() -> None:
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")
     add_compile_argument(parser)
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
+    parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (cpu, cuda)")
     args = parser.parse_args()
 
     import torch
@@ -152,7 +153,7 @@ def main() -> None:
 
     start = time.perf_counter()
     retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision,
-                               compiled=args.compile)
+                               compiled=args.compile, device=args.device)
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -193,9 +194,9 @@ def main() -> None:
 
     chosen = f"questions encoded in {retriever.query_precision}"
     runs = {chosen: retriever}
-    if retriever.query_precision != retriever.config.embed.cpu_precision:
+    if not retriever.on_gpu and retriever.query_precision != retriever.config.embed.cpu_precision:
         # The reference in the same run: the artifacts' own precision (exact rankings of `seeder evaluate`).
-        reference = Retriever.load(args.model, artifacts=args.artifacts, compiled=args.compile)
+        reference = Retriever.load(args.model, artifacts=args.artifacts, compiled=args.compile, device=args.device)
         reference.warm_up()
         runs[f"reference: questions encoded in {reference.query_precision}"] = reference
         del reference
@@ -215,7 +216,8 @@ def main() -> None:
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
-                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision,
+                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision, "--device", args.device,
+                             *(["--gpus-per-replica", "1"] if args.device.startswith("cuda") else []),
                              *(["--compile"] if args.compile else []),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -59,6 +59,14 @@ def test_encoder_precision_is_checked_and_resolved(trained, retriever):
     assert Retriever.load(trained[0] / "run" / "model", encoder_precision="auto").query_precision == "float32"
     forced = Retriever.load(trained[0] / "run" / "model", encoder_precision="bfloat16")
     assert forced.query_precision == "bfloat16"
+    # On a GPU the encoder runs in its own format whatever the CPU choice (no GPU here: the device is
+    # only named, never used).
+    from dataclasses import replace as dc_replace
+
+    forced.device = "cuda:0"
+    assert forced.on_gpu and forced.query_precision == "float16"
+    forced.config = dc_replace(forced.config, embed=dc_replace(forced.config.embed, half_precision=False))
+    assert forced.query_precision == "float32"
     from seeder import bert
     from seeder.config import EmbedConfig
     from seeder.retriever import resolve_encoder_precision
