@@ -336,6 +336,20 @@ def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
     return summary
 
 
+def local_shortfall(resources: dict, num_workers: int, use_gpu: bool, cpus_per_worker: float) -> str | None:
+    """Why an embedded local Ray (``resources``: its ``cluster_resources()``) cannot place every worker,
+    or None. Ray Train would wait for the missing resources forever; a cluster may still scale up, so
+    only the local case is checked."""
+    gpus, cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
+    if use_gpu and gpus < num_workers:
+        return (f"--use-gpu with {num_workers} worker(s) needs {num_workers} GPU(s) and this machine has {gpus}; "
+                f"pass --num-workers {gpus}" if gpus else "--use-gpu: this machine has no GPU that Ray can see; drop --use-gpu")
+    if num_workers * cpus_per_worker > cpus:
+        return (f"{num_workers} worker(s) x {cpus_per_worker:g} CPU(s) need {num_workers * cpus_per_worker:g} CPUs and the "
+                f"local Ray has {cpus:g}; lower --num-workers or --cpus-per-worker")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
@@ -372,10 +386,17 @@ def main(argv: list[str] | None = None) -> int:
                    "run.artifacts": job.artifacts})
         print(f"MLflow run {run.run_id} in experiment '{args.experiment}' at {tracking.tracking_uri()}", flush=True)
     try:
-        start_ray(args.ray_address, args.num_cpus, who="train")
+        ray = start_ray(args.ray_address, args.num_cpus, who="train")
     except RuntimeError as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 1
+    if (args.ray_address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+        problem = local_shortfall(ray.cluster_resources(), args.num_workers, args.use_gpu, args.cpus_per_worker)
+        if problem:
+            print(f"pipelines/train.py: error: {problem}", file=sys.stderr)
+            if run is not None:
+                run.fail(problem)
+            return 2
     import ray.train
 
     try:

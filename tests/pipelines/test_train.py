@@ -297,3 +297,14 @@ def test_another_ray_on_the_machine_leaves_the_terminal_clean(artifacts, tmp_pat
     assert "epoch 2/2  loss" in proc.stdout
     terminal = proc.stdout + proc.stderr
     assert "Traceback" not in terminal and "multiple active Ray instances" not in terminal, terminal[-3000:]
+
+
+def test_a_local_ray_that_cannot_place_the_workers_is_an_error_not_a_wait():
+    from pipelines.train import local_shortfall
+
+    one_gpu = {"CPU": 16.0, "GPU": 1.0}
+    assert local_shortfall(one_gpu, 1, True, 4) is None
+    assert "pass --num-workers 1" in local_shortfall(one_gpu, 2, True, 1)  # the default of 2 workers on one GPU
+    assert "no GPU" in local_shortfall({"CPU": 2.0}, 1, True, 1)
+    assert local_shortfall({"CPU": 2.0}, 2, False, 1) is None
+    assert "lower --num-workers" in local_shortfall({"CPU": 2.0}, 2, False, 1.5)
