@@ -3,21 +3,10 @@ force on a small random graph (the script is loaded from its file: benchmarks/ i
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from seeder.store import build_csr
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_limits.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_limits", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_script
 
 
 def small_graph(seed: int = 0, nodes: int = 30, edges: int = 80, relations: int = 3):
@@ -28,7 +17,7 @@ def small_graph(seed: int = 0, nodes: int = 30, edges: int = 80, relations: int 
 
 
 def test_follow_matches_a_walk_edge_by_edge():
-    limits = load_script()
+    limits = load_script("bench_limits")
     indptr, neighbors, relations = small_graph()
     start = np.array([0, 5, -1, 17, 5])
     for path in ([1], [0, 4], [2, 3, 1]):  # ids >= 3 are inverse relations
@@ -45,7 +34,7 @@ def test_follow_matches_a_walk_edge_by_edge():
 
 
 def test_reach_any_is_a_bfs_to_each_rows_own_depth():
-    limits = load_script()
+    limits = load_script("bench_limits")
     indptr, neighbors, _ = small_graph(seed=1)
     n = len(indptr) - 1
     start = np.array([2, 9, -1, 2])

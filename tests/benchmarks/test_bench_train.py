@@ -3,27 +3,17 @@ artifacts must give the batches the artifacts give (node rows to float16 roundin
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from seeder.synth import toy_task
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_train.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks import load_script
 
 
 def test_a_saved_sample_gives_the_same_batches(tmp_path):
-    bench = load_script()
+    bench = load_script("bench_train")
     data = toy_task(40, 25, 16, num_relations=3, seed=4)
     index = np.array([31, 2, 17, 8, 9])
     path = tmp_path / "sample.npz"
@@ -43,7 +33,7 @@ def test_a_saved_sample_gives_the_same_batches(tmp_path):
 
 
 def test_the_benchmark_runs_on_a_sample_and_prints_each_batch_size(tmp_path, monkeypatch, capsys):
-    bench = load_script()
+    bench = load_script("bench_train")
     path = tmp_path / "sample.npz"
     monkeypatch.setattr(sys, "argv", ["bench_train.py", "--nodes", "40", "--steps", "1", "--batch-sizes", "4",
                                       "--sample-queries", "12", "--save-sample", str(path)])
