@@ -55,6 +55,17 @@ def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
     return actors, threads, ({"num_gpus": 1} if gpus else {"num_cpus": reserve})
 
 
+# Texts per Ray Data batch for a GPU actor at least: on an H200, 8,192 against 1,024 took a 100K-text
+# run from 12.0 to 9.2 s (fewer, larger hand-overs between the pipeline and the actor).
+GPU_BLOCK_ROWS = 8192
+
+
+def block_rows(batch_rows: int, gpu: bool) -> int:
+    """Texts per ``map_batches`` call of an encoder actor: ``batch_rows``, and at least
+    ``GPU_BLOCK_ROWS`` for a GPU actor."""
+    return max(batch_rows, GPU_BLOCK_ROWS) if gpu else batch_rows
+
+
 def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
     """The Ray Data pipeline that embeds ``table``'s ``text`` column (keeping ``kind``, ``row``, ``id``):
     Parquet parts under ``inputs_dir``, read one block per file, through the pool of ``embed_pool``.
@@ -62,6 +73,7 @@ def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
     import ray.data as data  # binds only ``data``: the ``ray`` argument stays the caller's module
 
     actors, threads, remote = embed_pool(ray.cluster_resources(), ec)
+    batch_rows = block_rows(batch_rows, gpu="num_gpus" in remote)
     # The texts go through Parquet files (not the driver's object store) in several blocks, so that
     # every actor of the pool gets work. One file per block: Ray Data reads a Parquet file as one
     # block whatever its row groups.

@@ -193,17 +193,24 @@ def runs_plain_torch(config: EmbedConfig) -> bool:
     return bert.supports(minilm_path() if config.encoder == "minilm" else Path(config.encoder))
 
 
+def encoder_batch_size(config: EmbedConfig, device: str) -> int:
+    """Texts per forward pass on ``device`` (resolved): ``embed.gpu_batch_size`` on a GPU, else
+    ``embed.batch_size``."""
+    return config.gpu_batch_size if str(device).startswith("cuda") else config.batch_size
+
+
 def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
     check_encoder(config)
     if config.encoder == "hash":
         return HashEncoder(dim=config.hash_dim)
     path = minilm_path() if config.encoder == "minilm" else Path(config.encoder)
-    options = dict(half_precision=config.half_precision, batch_size=config.batch_size,
+    device = resolve_device(device)
+    options = dict(half_precision=config.half_precision, batch_size=encoder_batch_size(config, device),
                    max_seq_length=config.max_seq_length, name=config.encoder)
     if runs_plain_torch(config):
         from seeder import bert
 
-        return bert.BertSentenceEncoder(path, device=resolve_device(device), cpu_precision=config.cpu_precision, **options)
+        return bert.BertSentenceEncoder(path, device=device, cpu_precision=config.cpu_precision, **options)
     if config.backend == "torch":
         raise ConfigError(
             f"embed.backend=torch runs mean-pooled BERT models only, and {path} is not one "

@@ -93,8 +93,9 @@ def check_config(config: SeederConfig) -> None:
 
     check_encoder(config.embed)
     e, r, s, x = config.embed, config.reduce, config.seed, config.expand
-    if e.batch_size <= 0:
-        raise ConfigError(f"embed.batch_size must be positive, got {e.batch_size}")
+    if e.batch_size <= 0 or e.gpu_batch_size <= 0:
+        raise ConfigError(f"embed.batch_size and embed.gpu_batch_size must be positive, got {e.batch_size} "
+                          f"and {e.gpu_batch_size}")
     if e.num_actors < 0 or e.cpus_per_actor <= 0:
         raise ConfigError("embed.num_actors must be >= 0 and embed.cpus_per_actor > 0")
     if r.dim < 0:

@@ -57,6 +57,15 @@ def test_minilm_loads_offline_and_gives_384d_unit_vectors():
     assert vectors.shape == (3, 384) and enc.dim == 384
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-4)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2
+    assert enc.batch_size == EmbedConfig().batch_size  # the CPU's pass size
+
+
+def test_a_gpu_encoder_runs_larger_passes_than_a_cpu_one():
+    from seeder.embed import encoder_batch_size
+
+    config = EmbedConfig(batch_size=32, gpu_batch_size=256)
+    assert encoder_batch_size(config, "cpu") == 32
+    assert encoder_batch_size(config, "cuda") == encoder_batch_size(config, "cuda:1") == 256
 
 
 # -- PCA (Appendix D.1) --------------------------------------------------------------------------------

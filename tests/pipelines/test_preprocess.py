@@ -527,3 +527,16 @@ def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(refer
     with pytest.warns(UserWarning):
         assert main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model),
                      "--accept-mismatch"]) == 0
+
+
+def test_the_embedding_pool_gives_gpu_actors_larger_batches():
+    from pipelines.preprocess import GPU_BLOCK_ROWS, block_rows, embed_pool
+    from seeder.config import EmbedConfig
+
+    actors, threads, remote = embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig())
+    assert (actors, threads, remote) == (2, 1, {"num_gpus": 1})  # one actor per GPU
+    actors, threads, remote = embed_pool({"CPU": 2.0}, EmbedConfig())
+    assert actors == 2 and "num_gpus" not in remote
+    assert block_rows(1024, gpu=True) == GPU_BLOCK_ROWS > 1024
+    assert block_rows(4 * GPU_BLOCK_ROWS, gpu=True) == 4 * GPU_BLOCK_ROWS  # a larger request stands
+    assert block_rows(1024, gpu=False) == 1024
