@@ -150,6 +150,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from seeder import Retriever
+    from seeder.embed import is_gpu
 
     start = time.perf_counter()
     retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision,
@@ -217,7 +218,7 @@ def main() -> None:
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
                              "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision, "--device", args.device,
-                             *(["--gpus-per-replica", "1"] if args.device.startswith("cuda") else []),
+                             *(["--gpus-per-replica", "1"] if is_gpu(args.device) else []),
                              *(["--compile"] if args.compile else []),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

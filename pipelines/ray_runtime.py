@@ -257,13 +257,20 @@ def stop_leftover_ray(who: str, grace_s: float = 3.0) -> list[int]:
     return sorted(leftovers)
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The cluster ``start_ray(address)`` joins (``address``, else ``RAY_ADDRESS``), or None when it
+    starts its own loopback-only local Ray (neither is set, or it is ``local``)."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    return None if not address or address == "local" else address
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None, who: str = "seeder"):
     import ray
 
     if ray.is_initialized():
         return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
+    address = cluster_address(address)
+    if address is not None:
         quiet_driver_loggers()
         ray.init(address=address, log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
         filter_forwarded_worker_lines()

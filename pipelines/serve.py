@@ -201,15 +201,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from ray import serve
 
-    from pipelines.ray_runtime import start_ray
+    from pipelines.ray_runtime import cluster_address, start_ray
 
-    address = args.ray_address or os.environ.get("RAY_ADDRESS")
-    embedded = not address or address == "local"  # start_ray's own loopback-only Ray
+    loopback_only = cluster_address(args.ray_address) is None  # start_ray's own loopback-only Ray
     start_ray(args.ray_address, who="serve")
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
                     args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision,
-                    args.compile, loopback_only=embedded)
+                    args.compile, loopback_only=loopback_only)
     serve.run(app, name=APP_NAME, route_prefix="/")
     print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
     if args.ready_file:

@@ -41,7 +41,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-from pipelines.ray_runtime import add_ray_arguments, start_ray
+from pipelines.ray_runtime import add_ray_arguments, cluster_address, start_ray
 from seeder import tracking
 from seeder.cli import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
@@ -385,12 +385,13 @@ def main(argv: list[str] | None = None) -> int:
             extra={"run.driver": "pipelines/train.py", "run.num_workers": args.num_workers, "run.use_gpu": args.use_gpu,
                    "run.artifacts": job.artifacts})
         print(f"MLflow run {run.run_id} in experiment '{args.experiment}' at {tracking.tracking_uri()}", flush=True)
+    local = cluster_address(args.ray_address) is None
     try:
         ray = start_ray(args.ray_address, args.num_cpus, who="train")
     except RuntimeError as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 1
-    if (args.ray_address or os.environ.get("RAY_ADDRESS") or "local") == "local":
+    if local:
         problem = local_shortfall(ray.cluster_resources(), args.num_workers, args.use_gpu, args.cpus_per_worker)
         if problem:
             print(f"pipelines/train.py: error: {problem}", file=sys.stderr)

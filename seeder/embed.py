@@ -134,6 +134,11 @@ def resolve_device(device: str = "auto") -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def is_gpu(device) -> bool:
+    """Whether a resolved torch device (``"cuda"``, ``"cuda:1"``, a ``torch.device``) is a CUDA GPU."""
+    return str(device).split(":")[0] == "cuda"
+
+
 class SentenceTransformerEncoder:
     """A sentence-transformers model from a local directory; float16 on GPU when asked."""
 
@@ -149,7 +154,7 @@ class SentenceTransformerEncoder:
         # sentence-transformers 6.2 raises a TypeError on a pathlib.Path: pass a str.
         self.model = SentenceTransformer(str(path), device=self.device)
         self.model.max_seq_length = max_seq_length
-        if half_precision and self.device.startswith("cuda"):
+        if half_precision and is_gpu(self.device):
             self.model.half()
         self.batch_size = batch_size
         self.name = name or str(path)
@@ -196,7 +201,7 @@ def runs_plain_torch(config: EmbedConfig) -> bool:
 def encoder_batch_size(config: EmbedConfig, device: str) -> int:
     """Texts per forward pass on ``device`` (resolved): ``embed.gpu_batch_size`` on a GPU, else
     ``embed.batch_size``."""
-    return config.gpu_batch_size if str(device).startswith("cuda") else config.batch_size
+    return config.gpu_batch_size if is_gpu(device) else config.batch_size
 
 
 def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:

@@ -212,7 +212,9 @@ class Retriever:
 
     @property
     def on_gpu(self) -> bool:
-        return str(self.device).split(":")[0] == "cuda"
+        from seeder.embed import is_gpu
+
+        return is_gpu(self.device)
 
     @property
     def query_precision(self) -> str:

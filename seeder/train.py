@@ -297,6 +297,8 @@ def fit(
         raise DataError("no training query has an answer inside its bounded subgraph; check the preprocessing")
     if val_data is not None:
         val_data = validation_sample(val_data, config)
+    # On a GPU the node features move there once for the run (train_epoch's own call is then a no-op).
+    train_data = train_data.on(next(state.model.parameters()).device)
     while state.epoch < cfg.epochs:
         epoch = state.epoch
         positions = epoch_queries(pool, cfg.seed, epoch, rank, world, cfg.queries_per_epoch)

@@ -257,3 +257,14 @@ def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
         assert [d["lines"] for d in received] == [["epoch 1/3  loss 0.1"]]
     finally:
         dispatcher.remove_handler("ray_print_logs")
+
+
+def test_cluster_address_is_the_explicit_one_then_ray_address_and_local_means_none(monkeypatch):
+    from pipelines.ray_runtime import cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) is None and cluster_address("local") is None
+    assert cluster_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # what `ray job submit` sets
+    assert cluster_address(None) == "10.0.0.2:6379"
+    assert cluster_address("local") is None  # an explicit local wins over the environment
