@@ -135,8 +135,8 @@ def main() -> None:
     parser.add_argument("--cpus-per-replica", type=float, default=0,
                         help="CPUs (and torch threads) per replica; 0: this machine's cores / --replicas")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads of the API runs; 0: torch's default (every core). Calls of a few "
-                        "questions take one thread anyway (seeder.retriever.ONE_THREAD_UP_TO); a replica uses its CPUs")
+                        help="torch threads of the API runs; 0: torch's default (every core). A call is cut into one part per "
+                        "thread, each on one thread (seeder.retriever.Retriever._parts); a replica uses its CPUs")
     parser.add_argument("--encoder-precision", default="auto", choices=ENCODER_PRECISIONS,
                         help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")

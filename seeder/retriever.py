@@ -32,12 +32,13 @@ from seeder.subgraphs import SubgraphSet
 
 
 ONE_THREAD_UP_TO = 8
-"""Calls with at most this many questions run torch on one intra-op thread. Their tensors are small
-(one question: a 10-token MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool
-costs more than it saves: on 2 cores a single MetaQA question took 20 ms to rank on two threads and 9
-ms on one, and 17 ms against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two threads in isolation, but a
-whole question took 18.8 ms against 16.3 when its encoding alone switched to two). Large batches keep
-every thread (256 questions encode in 0.55 s on two, 0.95 s on one).
+"""Calls with at most this many questions are answered in one part, on one thread; larger calls on the
+CPU are cut into parts of about this many or more, one per torch thread (``Retriever._parts``), each
+running torch on one intra-op thread too. A few questions' tensors are small (one question: a 10-token
+MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool costs more than it saves:
+on 2 cores a single MetaQA question took 20 ms to rank on two threads and 9 ms on one, and 17 ms
+against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two threads in isolation, but a whole question
+took 18.8 ms against 16.3 when its encoding alone switched to two).
 
 numpy's BLAS (OpenBLAS) gets one thread too: its worker threads busy-wait after each product, so
 beside a single question's small products they only burn a core that the caller's other work (in a
@@ -161,7 +162,7 @@ class Retriever:
         if compiled:
             from seeder.compiled import compile_policy
 
-            compile_policy(self.model)
+            compile_policy(self.model, release_gil=not self.on_gpu)  # on the CPU a call's parts run side by side
         self.compiled = compiled
         self.schedule = Schedule.evaluation(self.config, info.config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
@@ -207,7 +208,7 @@ class Retriever:
         if self.compiled:
             from seeder.compiled import compile_encoder
 
-            compile_encoder(encoder)
+            compile_encoder(encoder, release_gil=not self.on_gpu)
         return encoder
 
     @property
@@ -313,10 +314,10 @@ class Retriever:
 
     def warm_up(self) -> None:
         """Build what the first question would (the encoder, the name and graph indexes) and, for a
-        compiled retriever, compile every graph a call can need: one question, a few (both on one
-        thread, ``ONE_THREAD_UP_TO``) and a batch on every thread, one longer than the encoder's
-        batch so that its last chunk is a lone question on every thread too. On a GPU the batches run
-        too: the first batch there paid about 0.8 s of one-time library set-up (seen on an H200)."""
+        compiled retriever, compile every graph a call can need: one question, a few and a batch (cut
+        into parts on the CPU, each on one thread), one longer than the encoder's batch so that its
+        last chunk is a lone question. On a GPU the batches run too: the first batch there paid about
+        0.8 s of one-time library set-up (seen on an H200)."""
         texts = ["who directed the film", "which films did the director of that film write"]
         self.retrieve(texts[:1], k=1)
         if self.compiled or self.on_gpu:
@@ -334,10 +335,53 @@ class Retriever:
         ks = [k] * len(questions) if isinstance(k, int) else list(k)
         if len(ks) != len(questions):
             raise DataError(f"{len(ks)} values of k for {len(questions)} questions")
-        with _intra_op_threads(1 if len(questions) <= ONE_THREAD_UP_TO else None):
-            subgraphs, query_features = self.subgraphs(questions, topics)
-            result, steps, scores = self.rank(subgraphs, query_features)
+        parts = self._parts(len(questions))
+        if parts > 1:
+            self._build_indexes()  # once, here: the parts would otherwise race to build them
+        bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
+        with _intra_op_threads(None if self.on_gpu else 1):
+            if parts == 1:
+                return self._answer(questions, ks, topics)
+            futures = [self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None)
+                       for lo, hi in zip(bounds[:-1], bounds[1:])]
+            return [hits for future in futures for hits in future.result()]
+
+    def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None) -> list[Hits]:
+        subgraphs, query_features = self.subgraphs(questions, topics)
+        result, steps, scores = self.rank(subgraphs, query_features)
         return self._hits(questions, subgraphs, result, steps, scores, ks)
+
+    def _parts(self, count: int) -> int:
+        """How many parts a call of ``count`` questions is cut into, each answered on its own thread. On
+        the CPU torch and BLAS run one thread each, and the parallelism comes from the parts: one per torch
+        intra-op thread of the caller, with up to ``ONE_THREAD_UP_TO`` questions each while there are more
+        threads than that allows. On a GPU a call is one part.
+
+        K-HOP-WITH-FILTERING is numpy, one core whatever the thread settings (256 MetaQA questions: 265
+        ms, against 150-165 ms as two halves on two threads), and the networks lose less to the GIL than
+        to handing each small op to a thread pool: 256 questions ran at 380-394 questions/s against
+        309-314 on two intra-op threads (int8 compiled encoder, 2-core CPU, interleaved). A part is a
+        smaller batch, so a near-tie (float rounding) may rank the other way round, as with any other
+        batch size: 99.6% of those 256 questions kept the same top 10."""
+        import torch
+
+        if self.on_gpu:
+            return 1
+        return max(1, min(torch.get_num_threads(), -(-count // ONE_THREAD_UP_TO)))
+
+    def _pool(self, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if getattr(self, "_pool_size", 0) < workers:
+            self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seeder-retrieve")
+            self._pool_size = workers
+        return self._threads
+
+    def _build_indexes(self) -> None:
+        """Everything a question needs that is built on first use."""
+        _ = self.encoder, self.pca, self.node_features, self.graph, self.prior, self.node_table
+        if self.config.seed.strategy in ("entity", "dense+entity"):
+            _ = self.linker
 
     def retrieve_frame(self, questions: list[str], k: int = 20):
         """One row per (question, rank): question, rank, node, name, score, step (pandas)."""

@@ -44,14 +44,15 @@ def test_tensors_of_fewer_than_two_rows_run_eagerly():
 
 
 @pytest.mark.slow
-def test_the_compiled_policy_ranks_like_the_eager_one():
+@pytest.mark.parametrize("release_gil", [False, True], ids=["python-wrapper", "cpp-wrapper"])
+def test_the_compiled_policy_ranks_like_the_eager_one(release_gil):
     data = toy_task(32, 30, 8, seed=0)
     config = load_config(None, ["train.expansion_sizes=[3,3]", "train.frontier_caps=[8,10]", "model.hidden_dim=16",
                                 "model.num_layers=2", "train.epochs=1", "train.warmup_epochs=0"])
     state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
     train_epoch(state, data, np.arange(len(data.subgraphs)))
     eager = state.model.eval()
-    compiled = compile_policy(copy.deepcopy(eager))
+    compiled = compile_policy(copy.deepcopy(eager), release_gil=release_gil)
     schedule = Schedule.training(config)
     want, want_steps, want_scores = retrieve(eager, data, schedule, 40, batch_size=16)
     got, got_steps, got_scores = retrieve(compiled, data, schedule, 40, batch_size=16)

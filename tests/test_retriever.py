@@ -117,6 +117,48 @@ def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restor
 
 
 @pytest.mark.slow
+def test_a_large_call_is_answered_in_parts_side_by_side_each_on_one_torch_thread(retriever, monkeypatch):
+    """On the CPU a call of more than ONE_THREAD_UP_TO questions is cut into one part per torch thread of
+    the caller, answered on the retriever's own threads with torch on one thread; the hits come back in
+    the questions' order, equal to answering the parts one after the other, and the caller's thread
+    count is restored."""
+    import threading
+
+    import torch
+
+    from seeder.retriever import ONE_THREAD_UP_TO
+
+    kg = retriever.artifacts.dataset
+    texts = (kg.queries_of("val").column("text").to_pylist() + kg.queries_of("test").column("text").to_pylist())
+    texts = (texts * 6)[: 6 * ONE_THREAD_UP_TO]
+    answer = retriever._answer
+    parts = []
+
+    def recorded(questions, ks, topics):
+        parts.append((threading.current_thread().name, torch.get_num_threads(), list(questions)))
+        return answer(questions, ks, topics)
+
+    monkeypatch.setattr(retriever, "_answer", recorded)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        hits = retriever.retrieve(texts, k=5)
+        assert torch.get_num_threads() == 3
+        torch.set_num_threads(1)
+        alone = retriever.retrieve(texts, k=5)  # one thread: one part, on the caller's thread
+    finally:
+        torch.set_num_threads(before)
+    split, whole = parts[:3], parts[3:]
+    assert [len(questions) for _, _, questions in split] == [2 * ONE_THREAD_UP_TO] * 3
+    assert all(name.startswith("seeder-retrieve") and threads == 1 for name, threads, _ in split)
+    assert [q for _, _, questions in split for q in questions] == texts
+    assert len(whole) == 1 and whole[0][0] == threading.current_thread().name
+    assert [h.question for h in hits] == texts
+    assert [[n.id for n in h.nodes] for h in hits] == [[n.id for n in h.nodes] for h in alone]
+    assert retriever._parts(ONE_THREAD_UP_TO) == 1  # a few questions are one part whatever the threads
+
+
+@pytest.mark.slow
 def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     kg = retriever.artifacts.dataset
     question = kg.queries_of("test").column("text")[0].as_py()
