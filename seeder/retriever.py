@@ -32,18 +32,36 @@ from seeder.subgraphs import SubgraphSet
 
 
 ONE_THREAD_UP_TO = 8
-"""Calls with at most this many questions are answered in one part, on one thread; larger calls on the
-CPU are cut into parts of about this many or more, one per torch thread (``Retriever._parts``), each
-running torch on one intra-op thread too. A few questions' tensors are small (one question: a 10-token
-MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool costs more than it saves:
-on 2 cores a single MetaQA question took 20 ms to rank on two threads and 9 ms on one, and 17 ms
-against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two threads in isolation, but a whole question
-took 18.8 ms against 16.3 when its encoding alone switched to two).
+"""Calls with at most this many questions run torch on one intra-op thread. Their tensors are small
+(one question: a 10-token MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool
+costs more than it saves: on 2 cores a single MetaQA question took 20 ms to rank on two threads and 9
+ms on one, and 17 ms against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two threads in isolation, but a
+whole question took 18.8 ms against 16.3 when its encoding alone switched to two). Calls of more
+questions keep every thread, or are cut into parts of one thread each (``PART_QUESTIONS``).
 
 numpy's BLAS (OpenBLAS) gets one thread too: its worker threads busy-wait after each product, so
 beside a single question's small products they only burn a core that the caller's other work (in a
 service, Ray Serve's proxy) needs. Through ``seeder serve`` on 2 cores that spinning thread took as much
 CPU as the question itself; with it gone, the single-question p50 fell from 24.5-25.6 to 20.8-22.9 ms."""
+
+
+PART_QUESTIONS = 32
+"""On the CPU a call is answered in parts of at least this many questions, side by side, one thread
+each (``Retriever._parts``), up to one part per torch thread.
+
+K-HOP-WITH-FILTERING is numpy, one core whatever the thread settings (256 MetaQA questions: 265 ms,
+against 150-165 ms as two halves on two threads), and the networks lose less to the GIL than to
+handing each small op to a thread pool. Batches of 256, interleaved in one process:
+
+- 2-core CPU, MetaQA, int8 compiled encoder: 385-396 questions/s in two parts against 329-357 on two
+  intra-op threads;
+- 16-core CPU, the demo's model, int8 compiled encoder: 1,286-1,303 questions/s in 8 parts against
+  620-630 on 16 intra-op threads (4 parts 1,267-1,366, 16 parts 848-930); float32 eager encoder:
+  807-863 in 8 parts against 614-690 (16 parts 544-606: parts of 16 questions batch too little, and
+  their threads queue for the GIL).
+
+A part is a smaller batch, so a near-tie (float rounding) may rank the other way round, as with any
+other batch size: 99.6% of 256 MetaQA questions kept the same top 10."""
 
 
 ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16", "int8")
@@ -314,16 +332,17 @@ class Retriever:
 
     def warm_up(self) -> None:
         """Build what the first question would (the encoder, the name and graph indexes) and, for a
-        compiled retriever, compile every graph a call can need: one question, a few and a batch (cut
-        into parts on the CPU, each on one thread), one longer than the encoder's batch so that its
-        last chunk is a lone question. On a GPU the batches run too: the first batch there paid about
-        0.8 s of one-time library set-up (seen on an H200)."""
+        compiled retriever, compile every graph a call can need: one question and a few (on one
+        thread, ``ONE_THREAD_UP_TO``), a call of one part on every thread, and a batch longer than the
+        encoder's (on the CPU cut into parts of one thread each, ``PART_QUESTIONS``). On a GPU the
+        batches run too: the first batch there paid about 0.8 s of one-time library set-up (seen on an
+        H200)."""
         texts = ["who directed the film", "which films did the director of that film write"]
         self.retrieve(texts[:1], k=1)
         if self.compiled or self.on_gpu:
             self.retrieve(texts, k=1)
-            size = max(ONE_THREAD_UP_TO, int(getattr(self.encoder, "batch_size", 0))) + 1
-            self.retrieve((texts * size)[:size], k=1)
+            for size in (ONE_THREAD_UP_TO + 1, max(2 * PART_QUESTIONS, int(getattr(self.encoder, "batch_size", 0))) + 1):
+                self.retrieve((texts * size)[:size], k=1)
 
     def retrieve(self, questions: list[str] | str, k: int | list[int] = 20,
                  topics: list[int | None] | None = None) -> list[Hits]:
@@ -339,7 +358,9 @@ class Retriever:
         if parts > 1:
             self._build_indexes()  # once, here: the parts would otherwise race to build them
         bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
-        with _intra_op_threads(None if self.on_gpu else 1):
+        # A part runs one intra-op thread, as does a call of a few questions; a call of one part keeps
+        # every thread. Graphs compile per thread count, so there are two: one and all.
+        with _intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
             if parts == 1:
                 return self._answer(questions, ks, topics)
             futures = [self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None)
@@ -352,22 +373,14 @@ class Retriever:
         return self._hits(questions, subgraphs, result, steps, scores, ks)
 
     def _parts(self, count: int) -> int:
-        """How many parts a call of ``count`` questions is cut into, each answered on its own thread. On
-        the CPU torch and BLAS run one thread each, and the parallelism comes from the parts: one per torch
-        intra-op thread of the caller, with up to ``ONE_THREAD_UP_TO`` questions each while there are more
-        threads than that allows. On a GPU a call is one part.
-
-        K-HOP-WITH-FILTERING is numpy, one core whatever the thread settings (256 MetaQA questions: 265
-        ms, against 150-165 ms as two halves on two threads), and the networks lose less to the GIL than
-        to handing each small op to a thread pool: 256 questions ran at 380-394 questions/s against
-        309-314 on two intra-op threads (int8 compiled encoder, 2-core CPU, interleaved). A part is a
-        smaller batch, so a near-tie (float rounding) may rank the other way round, as with any other
-        batch size: 99.6% of those 256 questions kept the same top 10."""
+        """How many parts a call of ``count`` questions is cut into on the CPU, each answered on its own
+        thread with torch and BLAS on one thread: one per ``PART_QUESTIONS`` questions, at most one per
+        torch intra-op thread of the caller. On a GPU a call is one part."""
         import torch
 
         if self.on_gpu:
             return 1
-        return max(1, min(torch.get_num_threads(), -(-count // ONE_THREAD_UP_TO)))
+        return max(1, min(torch.get_num_threads(), count // PART_QUESTIONS))
 
     def _pool(self, workers: int):
         from concurrent.futures import ThreadPoolExecutor
