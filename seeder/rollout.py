@@ -97,9 +97,11 @@ def make_query_batch(
     both_type = np.concatenate([rel, rel + num_relations])
     if isinstance(node_features, torch.Tensor):  # rows already on a GPU (QueryData.on): gather them there
         text = node_features[torch.from_numpy(subgraphs.nodes).to(node_features.device)]
-    else:
+    elif isinstance(node_features, np.memmap):  # read each row from disk once, in file order
         unique_nodes, inverse = np.unique(subgraphs.nodes, return_inverse=True)
         text = torch.from_numpy(np.asarray(node_features[unique_nodes], dtype=np.float32)[inverse])
+    else:  # in memory: one gather (sorting the ids first took 2% of answering a batch of questions)
+        text = torch.from_numpy(np.asarray(node_features[subgraphs.nodes], dtype=np.float32))
     return QueryBatch(
         query_ids=subgraphs.query_ids,
         global_nodes=dense(subgraphs.nodes, -1, np.int64),
