@@ -74,7 +74,9 @@ else as the artifacts. On MetaQA (Zen 4 CPU) bfloat16 MiniLM encodes one questio
 questions, asked as new text: Hit@1 0.9602 (bfloat16) and 0.9599 (float32, the same as their
 preprocessed features), the same top node for 99.3%, Recall@20 and Hit@any equal; near-tied scores
 make the order inside the top 20 differ for 27%. int8 encodes one question in 0.6-0.8x bfloat16's time
-(cosine ~0.997 to float32) and is never picked by ``auto``, as it moves more rankings: Hit@1 0.9602,
+(cosine ~0.997 to float32), but batches on one thread (a call's parts, ``PART_QUESTIONS``) slower:
+0.96 ms a question against 0.70 for bfloat16, compiled. It is never picked by ``auto``, as it moves
+more rankings: Hit@1 0.9602,
 Recall@20 0.9172 against 0.9173, Hit@any 0.9847 against 0.9849 (one question), the same top node for
 96.0%."""
 
