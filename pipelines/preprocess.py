@@ -40,19 +40,23 @@ from seeder.store import KnowledgeGraph, open_dataset
 
 def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
     """The embedding actor pool for a cluster's ``resources``: (actors, torch threads per actor, the
-    ``map_batches`` resource request). One actor per GPU; without GPUs one actor per
-    ``embed.cpus_per_actor`` CPUs, each running that many torch threads."""
+    ``map_batches`` resource request). ``embed.actors_per_gpu`` actors per GPU, each asking for that
+    share of one; without GPUs one actor per ``embed.cpus_per_actor`` CPUs, each running that many
+    torch threads."""
     gpus = int(resources.get("GPU", 0))
     cpus = float(resources.get("CPU", 1))
-    actors = ec.num_actors or (gpus if gpus else max(1, int(cpus // ec.cpus_per_actor)))
-    threads = 1 if gpus else max(1, int(min(ec.cpus_per_actor, cpus)))
+    if gpus:
+        actors = ec.num_actors or gpus * ec.actors_per_gpu
+        return actors, 1, {"num_gpus": 1 / -(-actors // gpus)}  # a share that fits on one GPU
+    actors = ec.num_actors or max(1, int(cpus // ec.cpus_per_actor))
+    threads = max(1, int(min(ec.cpus_per_actor, cpus)))
     # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
     # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
     # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
     reserve = min(ec.cpus_per_actor, cpus)
     if actors * reserve > cpus - 1:
         reserve = max(cpus - 1, 0) / actors
-    return actors, threads, ({"num_gpus": 1} if gpus else {"num_cpus": reserve})
+    return actors, threads, {"num_cpus": reserve}
 
 
 # Texts per Ray Data batch for a GPU actor at least: on an H200, 8,192 against 1,024 took a 100K-text

@@ -96,8 +96,8 @@ def check_config(config: SeederConfig) -> None:
     if e.batch_size <= 0 or e.gpu_batch_size <= 0:
         raise ConfigError(f"embed.batch_size and embed.gpu_batch_size must be positive, got {e.batch_size} "
                           f"and {e.gpu_batch_size}")
-    if e.num_actors < 0 or e.cpus_per_actor <= 0:
-        raise ConfigError("embed.num_actors must be >= 0 and embed.cpus_per_actor > 0")
+    if e.num_actors < 0 or e.cpus_per_actor <= 0 or e.actors_per_gpu < 1:
+        raise ConfigError("embed.num_actors must be >= 0, embed.cpus_per_actor > 0 and embed.actors_per_gpu >= 1")
     if r.dim < 0:
         raise ConfigError(f"reduce.dim must be >= 0 (0 keeps the encoder width), got {r.dim}")
     if e.encoder == "hash" and r.dim > e.hash_dim:

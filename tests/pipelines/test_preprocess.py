@@ -534,7 +534,9 @@ def test_the_embedding_pool_gives_gpu_actors_larger_batches():
     from seeder.config import EmbedConfig
 
     actors, threads, remote = embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig())
-    assert (actors, threads, remote) == (2, 1, {"num_gpus": 1})  # one actor per GPU
+    assert (actors, threads, remote) == (8, 1, {"num_gpus": 0.25})  # four actors share each GPU
+    assert embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig(actors_per_gpu=1))[::2] == (2, {"num_gpus": 1.0})
+    assert embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig(num_actors=3))[::2] == (3, {"num_gpus": 0.5})  # 2 + 1
     actors, threads, remote = embed_pool({"CPU": 2.0}, EmbedConfig())
     assert actors == 2 and "num_gpus" not in remote
     assert block_rows(1024, gpu=True) == GPU_BLOCK_ROWS > 1024
