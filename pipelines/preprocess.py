@@ -46,17 +46,20 @@ def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
     gpus = int(resources.get("GPU", 0))
     cpus = float(resources.get("CPU", 1))
     if gpus:
-        actors = ec.num_actors or gpus * ec.actors_per_gpu
-        return actors, 1, {"num_gpus": 1 / -(-actors // gpus)}  # a share that fits on one GPU
-    actors = ec.num_actors or max(1, int(cpus // ec.cpus_per_actor))
-    threads = max(1, int(min(ec.cpus_per_actor, cpus)))
+        actors, threads, wanted = ec.num_actors or gpus * ec.actors_per_gpu, 1, 1.0
+    else:
+        actors = ec.num_actors or max(1, int(cpus // ec.cpus_per_actor))
+        threads, wanted = max(1, int(min(ec.cpus_per_actor, cpus))), ec.cpus_per_actor
     # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
     # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
     # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
-    reserve = min(ec.cpus_per_actor, cpus)
+    reserve = min(wanted, cpus)
     if actors * reserve > cpus - 1:
         reserve = max(cpus - 1, 0) / actors
-    return actors, threads, {"num_cpus": reserve}
+    remote = {"num_cpus": reserve}
+    if gpus:
+        remote["num_gpus"] = 1 / -(-actors // gpus)  # a share small enough that every actor fits on one GPU
+    return actors, threads, remote
 
 
 # Texts per Ray Data batch for a GPU actor at least: on an H200, 8,192 against 1,024 took a 100K-text
