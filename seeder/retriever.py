@@ -53,8 +53,9 @@ K-HOP-WITH-FILTERING is numpy, one core whatever the thread settings (256 MetaQA
 against 150-165 ms as two halves on two threads), and the networks lose less to the GIL than to
 handing each small op to a thread pool. Batches of 256, interleaved in one process:
 
-- 2-core CPU, MetaQA, int8 compiled encoder: 385-396 questions/s in two parts against 329-357 on two
-  intra-op threads;
+- 2-core CPU, MetaQA, compiled: 467-517 questions/s in two parts against 370-386 on two intra-op
+  threads with the bfloat16 encoder, 411-446 against 301-357 with int8 (bfloat16 MiniLM encodes a
+  question in 0.70 ms on one thread, int8 in 0.96);
 - 16-core CPU, the demo's model, int8 compiled encoder: 1,286-1,303 questions/s in 8 parts against
   620-630 on 16 intra-op threads (4 parts 1,267-1,366, 16 parts 848-930); float32 eager encoder:
   807-863 in 8 parts against 614-690 (16 parts 544-606: parts of 16 questions batch too little, and
