@@ -539,6 +539,11 @@ def test_the_embedding_pool_gives_gpu_actors_larger_batches():
     assert embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig(num_actors=3))[2]["num_gpus"] == 0.5  # 2 on one GPU, 1 on the other
     # A GPU node with few CPUs: the actors' CPU reservation shrinks so that one stays for Ray Data's reads.
     assert embed_pool({"CPU": 4.0, "GPU": 1.0}, EmbedConfig())[2] == {"num_gpus": 0.25, "num_cpus": 0.75}
+    from seeder.config import ConfigError, load_config
+    from seeder.preprocess import check_config
+
+    with pytest.raises(ConfigError, match="embed.actors_per_gpu >= 1"):
+        check_config(load_config(None, ["embed.actors_per_gpu=0"]))
     actors, threads, remote = embed_pool({"CPU": 2.0}, EmbedConfig())
     assert actors == 2 and "num_gpus" not in remote
     assert block_rows(1024, gpu=True) == GPU_BLOCK_ROWS > 1024
