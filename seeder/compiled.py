@@ -68,8 +68,9 @@ def compile_policy(model, release_gil: bool = False):
 
     ``release_gil``: run each graph through inductor's C++ wrapper, which releases the GIL for the
     whole graph. Its default Python wrapper holds the GIL while each generated kernel runs, so two
-    threads answering the parts of one call (``Retriever._parts``) took turns: the compiled policy and
-    encoder held the GIL for 76% of its samples, and 256 MetaQA questions in two parts ran at 385-396
+    threads answering the parts of one call (``Retriever._parts``) took turns: sampled while two parts
+    ran, the GIL was held 58% of the time, three quarters of that inside the compiled policy and
+    encoder (14% with the C++ wrapper), and 256 MetaQA questions in two parts ran at 385-396
     questions/s against 411-446 with the C++ wrapper (2-core CPU). It compiles about 15% longer."""
     for name in POLICY_METHODS:
         setattr(model, name, CompiledOrEager(f"SeedERPolicy.{name}", getattr(model, name), _few_rows, release_gil=release_gil))

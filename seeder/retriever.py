@@ -188,6 +188,7 @@ class Retriever:
         self.schedule = Schedule.evaluation(self.config, info.config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
+        self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -360,12 +361,12 @@ class Retriever:
         parts = self._parts(len(questions))
         if parts > 1:
             self._build_indexes()  # once, here: the parts would otherwise race to build them
-        bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
         # A part runs one intra-op thread, as does a call of a few questions; a call of one part keeps
         # every thread. Graphs compile per thread count, so there are two: one and all.
         with _intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
             if parts == 1:
                 return self._answer(questions, ks, topics)
+            bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
             futures = [self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None)
                        for lo, hi in zip(bounds[:-1], bounds[1:])]
             return [hits for future in futures for hits in future.result()]
@@ -388,10 +389,10 @@ class Retriever:
     def _pool(self, workers: int):
         from concurrent.futures import ThreadPoolExecutor
 
-        if getattr(self, "_pool_size", 0) < workers:
-            self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seeder-retrieve")
-            self._pool_size = workers
-        return self._threads
+        if self._part_workers < workers:
+            self._part_threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seeder-retrieve")
+            self._part_workers = workers
+        return self._part_threads
 
     def _build_indexes(self) -> None:
         """Everything a question needs that is built on first use."""
