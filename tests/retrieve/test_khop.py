@@ -158,6 +158,11 @@ def test_cosine_paths_agree_and_descending_keys():
     want = np.einsum("ij,ij->i", nf[nodes].astype(np.float64), qf[rows].astype(np.float64))
     for shared in (True, False):
         np.testing.assert_allclose(node_query_cosines(nf, nodes, qf, rows, 64, shared), want, atol=1e-6)
+    # The chunk is a cache setting: each pair's sum is the same whatever the chunk, to the bit, so
+    # subgraphs do not depend on it.
+    gathered = node_query_cosines(nf, nodes, qf, rows, share_frequent=False)
+    for chunk in (1, 7, 64, 4096):
+        np.testing.assert_array_equal(node_query_cosines(nf, nodes, qf, rows, chunk, False), gathered)
     values = np.array([0.5, -0.5, 0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 0.5], np.float32)
     order = np.argsort(_descending_bits(values), kind="stable")
     assert order.tolist() == [4, 0, 8, 6, 2, 3, 7, 1, 5]  # descending; equal values keep input order
