@@ -151,25 +151,29 @@ def node_query_cosines(
         # Nodes shared by many queries of the batch (a hub's fixed neighbour sample) are scored
         # against every query with one matrix product instead of one gathered row per pair.
         num_nodes = len(node_features)
-        if num_nodes <= 16 * len(nodes):  # a count per graph node is cheaper than sorting the pairs
-            counts = np.bincount(nodes, minlength=num_nodes)
-            frequent_nodes = np.flatnonzero(counts * FREQUENT_SHARE >= num_q)
+        by_count = num_nodes <= 16 * len(nodes)  # a count per graph node is cheaper than sorting the pairs
+        least = -(-num_q // FREQUENT_SHARE)  # pairs of a node present in >= 1/FREQUENT_SHARE of the queries
+        if by_count:
+            frequent_nodes = np.flatnonzero(np.bincount(nodes, minlength=num_nodes) >= least)
         else:
             uniq, counts = np.unique(nodes, return_counts=True)
-            frequent_nodes = uniq[counts * FREQUENT_SHARE >= num_q]
+            frequent_nodes = uniq[counts >= least]
         if len(frequent_nodes):
-            if num_nodes <= 16 * len(nodes):  # a slot per graph node: one gather, no binary search
-                slot_of = np.full(num_nodes, -1, dtype=np.int64)
-                slot_of[frequent_nodes] = np.arange(len(frequent_nodes))
+            if by_count:  # a slot per graph node: one gather, no binary search
+                slot_of = np.full(num_nodes, -1, dtype=np.int32)
+                slot_of[frequent_nodes] = np.arange(len(frequent_nodes), dtype=np.int32)
                 slot = slot_of[nodes]
-                shared = slot >= 0
+                is_shared = slot >= 0
             else:
                 slot = np.minimum(np.searchsorted(frequent_nodes, nodes), len(frequent_nodes) - 1)
-                shared = frequent_nodes[slot] == nodes
+                is_shared = frequent_nodes[slot] == nodes
+            # Integer positions into the flat [frequent, Q] table: boolean masks applied three times
+            # over the pairs cost more than the product itself (a third of this call at 1M nodes).
+            shared, rest = np.flatnonzero(is_shared), np.flatnonzero(~is_shared)
             table = np.asarray(np.take(node_features, frequent_nodes, axis=0), dtype=np.float32) @ query_features.T
-            out[shared] = table[slot[shared], rows[shared]]
-            rest = np.flatnonzero(~shared)
-            out[rest] = node_query_cosines(node_features, nodes[rest], query_features, rows[rest], chunk, False)
+            flat = np.take(slot, shared).astype(np.int64) * num_q + np.take(rows, shared)
+            out[shared] = np.take(table.ravel(), flat)
+            out[rest] = node_query_cosines(node_features, np.take(nodes, rest), query_features, np.take(rows, rest), chunk, False)
             return out
     for lo in range(0, len(nodes), chunk):
         hi = lo + chunk
