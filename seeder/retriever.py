@@ -28,7 +28,7 @@ import numpy as np
 from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import SubgraphSet
+from seeder.subgraphs import SubgraphSet, segment_ids
 
 
 ONE_THREAD_UP_TO = 8
@@ -411,32 +411,45 @@ class Retriever:
     def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int]) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
-        out = []
-        for i, (question, k) in enumerate(zip(questions, ks)):
-            row = result.ranking[i]
-            keep = np.flatnonzero(row >= 0)[:k]
-            ids = row[keep]
-            nodes = [RetrievedNode(rank=int(r) + 1, id=int(node), name=str(names[node]), type=str(types[node] or ""),
-                                   score=float(scores[i, r]), step=int(steps[i, r])) for r, node in zip(keep, ids)]
-            out.append(Hits(question=question, nodes=nodes, triples=self._triples(subgraphs, i, ids, names, relation_names),
-                            set_size=int(result.set_size[i])))
-        return out
+        # The top k_i ranks of each question, as flat (question, rank) pairs.
+        valid = result.ranking >= 0
+        shown = valid & (np.cumsum(valid, axis=1) <= np.asarray(ks, dtype=np.int64)[:, None])
+        question, rank = np.nonzero(shown)
+        ids = result.ranking[question, rank]
+        triple_ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
+        triples = [(str(names[h]), str(relation_names[r]), str(names[t]))
+                   for h, r, t in zip(heads.tolist(), relations.tolist(), tails.tolist())]
+        node_ptr = np.searchsorted(question, np.arange(len(questions) + 1))
+        nodes = [RetrievedNode(rank=r + 1, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step)
+                 for r, node, score, step in zip(rank.tolist(), ids.tolist(), scores[question, rank].tolist(),
+                                                 steps[question, rank].tolist())]
+        return [Hits(question=text, nodes=nodes[node_ptr[i]:node_ptr[i + 1]], triples=triples[triple_ptr[i]:triple_ptr[i + 1]],
+                     set_size=int(result.set_size[i])) for i, text in enumerate(questions)]
 
-    @staticmethod
-    def _triples(subgraphs: SubgraphSet, i: int, ids: np.ndarray, names, relation_names) -> list[tuple[str, str, str]]:
-        """The graph's edges among the retrieved ``ids`` (their subgraph's induced edges), in rank order."""
-        lo, hi = subgraphs.node_ptr[i], subgraphs.node_ptr[i + 1]
-        elo, ehi = subgraphs.edge_ptr[i], subgraphs.edge_ptr[i + 1]
-        local_nodes = subgraphs.nodes[lo:hi]
-        by_id = np.argsort(ids)
-        pos = np.minimum(np.searchsorted(ids[by_id], local_nodes), max(len(ids) - 1, 0))
-        found = ids[by_id][pos] == local_nodes if len(ids) else np.zeros(len(local_nodes), bool)
-        rank_of = np.where(found, by_id[pos] if len(ids) else -1, -1)
-        src, dst, rel = subgraphs.edge_src[elo:ehi], subgraphs.edge_dst[elo:ehi], subgraphs.edge_rel[elo:ehi]
-        inside = (rank_of[src] >= 0) & (rank_of[dst] >= 0)
-        order = np.lexsort((rank_of[dst][inside], rank_of[src][inside]))
-        heads, tails, rels = local_nodes[src[inside]][order], local_nodes[dst[inside]][order], rel[inside][order]
-        return [(str(names[h]), str(relation_names[r]), str(names[t])) for h, t, r in zip(heads.tolist(), tails.tolist(), rels.tolist())]
+
+def retrieved_triples(subgraphs: SubgraphSet, question: np.ndarray, rank: np.ndarray, ids: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The graph's edges among each question's retrieved nodes (its subgraph's induced edges), for every
+    question at once: (ptr [Q + 1] into the triples, head ids, base relations, tail ids), each question's
+    triples in rank order of (head, tail). ``question``, ``rank`` and ``ids`` are the retrieved
+    (question, rank, node) triples, sorted by question."""
+    num_q = len(subgraphs)
+    n = int(max(subgraphs.nodes.max(initial=-1), ids.max(initial=-1))) + 1
+    keys = question * n + ids
+    by_key = np.argsort(keys, kind="stable")
+    sorted_keys = keys[by_key]
+    node_query = segment_ids(subgraphs.node_ptr)
+    flat_keys = node_query * n + subgraphs.nodes
+    pos = np.minimum(np.searchsorted(sorted_keys, flat_keys), max(len(keys) - 1, 0))
+    found = sorted_keys[pos] == flat_keys if len(keys) else np.zeros(len(flat_keys), bool)
+    rank_of = np.where(found, rank[by_key[pos]] if len(keys) else -1, -1)  # per subgraph node; -1 not retrieved
+    edge_query = segment_ids(subgraphs.edge_ptr)
+    src = subgraphs.node_ptr[edge_query] + subgraphs.edge_src
+    dst = subgraphs.node_ptr[edge_query] + subgraphs.edge_dst
+    inside = np.flatnonzero((rank_of[src] >= 0) & (rank_of[dst] >= 0))
+    order = inside[np.lexsort((rank_of[dst[inside]], rank_of[src[inside]], edge_query[inside]))]
+    ptr = np.searchsorted(edge_query[order], np.arange(num_q + 1))
+    return ptr, subgraphs.nodes[src[order]], subgraphs.edge_rel[order], subgraphs.nodes[dst[order]]
 
 
 def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False) -> None:

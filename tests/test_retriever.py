@@ -158,6 +158,49 @@ def test_a_large_call_is_answered_in_parts_side_by_side_each_on_one_torch_thread
     assert retriever._parts(2 * PART_QUESTIONS - 1) == 1  # fewer than two parts' worth: one part, every thread
 
 
+def test_retrieved_triples_are_every_induced_edge_among_each_questions_top_nodes_in_rank_order():
+    """All questions' triples in one vectorised pass equal a per-question enumeration of the subgraph's
+    edges whose two ends are both retrieved, ordered by the ranks of (head, tail)."""
+    from seeder.retriever import retrieved_triples
+    from seeder.subgraphs import SubgraphSet
+
+    rng = np.random.default_rng(3)
+    sizes = np.array([0, 5, 12, 1, 9])
+    node_ptr = np.concatenate([[0], np.cumsum(sizes)])
+    nodes = np.concatenate([rng.choice(60, size, replace=False) for size in sizes])
+    num_edges = np.array([0, 12, 60, 0, 40])
+    edge_src = np.concatenate([rng.integers(0, max(size, 1), e) for size, e in zip(sizes, num_edges)]).astype(np.int32)
+    edge_dst = np.concatenate([rng.integers(0, max(size, 1), e) for size, e in zip(sizes, num_edges)]).astype(np.int32)
+    edge_rel = rng.integers(0, 4, num_edges.sum()).astype(np.int32)
+    q = len(sizes)
+    subgraphs = SubgraphSet(
+        query_ids=np.arange(q), splits=np.array(["new"] * q, dtype=object), node_ptr=node_ptr, nodes=nodes,
+        hop=np.zeros(len(nodes), np.int8), score=np.zeros(len(nodes), np.float32), is_answer=np.zeros(len(nodes), bool),
+        path_end=np.zeros(len(nodes), np.float32), edge_ptr=np.concatenate([[0], np.cumsum(num_edges)]),
+        edge_src=edge_src, edge_dst=edge_dst, edge_rel=edge_rel, answer_ptr=np.zeros(q + 1, np.int64),
+        answers=np.zeros(0, np.int64),
+    )
+    # Each question retrieves its subgraph's nodes in a random order, all of them or the first part
+    # (so some edges leave the retrieved set); one also retrieves a node outside its subgraph.
+    keep = [0, 5, 8, 1, 9]
+    retrieved = [list(rng.permutation(nodes[node_ptr[i]:node_ptr[i + 1]])[: keep[i]]) for i in range(q)]
+    retrieved[2].insert(1, 999)
+    question = np.concatenate([np.full(len(r), i) for i, r in enumerate(retrieved)]).astype(np.int64)
+    rank = np.concatenate([np.arange(len(r)) for r in retrieved]).astype(np.int64)
+    ids = np.concatenate([np.asarray(r, np.int64) for r in retrieved])
+    ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
+    for i, top in enumerate(retrieved):
+        rank_of = {node: r for r, node in enumerate(top)}
+        lo, hi = subgraphs.edge_ptr[i], subgraphs.edge_ptr[i + 1]
+        local = nodes[node_ptr[i]:node_ptr[i + 1]]
+        want = [(local[s], r, local[d]) for s, d, r in zip(edge_src[lo:hi], edge_dst[lo:hi], edge_rel[lo:hi])
+                if local[s] in rank_of and local[d] in rank_of]
+        want.sort(key=lambda t: (rank_of[t[0]], rank_of[t[2]]))  # stable: edges of one pair keep their order
+        got = list(zip(heads[ptr[i]:ptr[i + 1]].tolist(), relations[ptr[i]:ptr[i + 1]].tolist(), tails[ptr[i]:ptr[i + 1]].tolist()))
+        assert got == [(int(h), int(r), int(t)) for h, r, t in want]
+    assert ptr[-1] == len(heads) and min(np.diff(ptr)[[1, 2, 4]]) >= 5
+
+
 @pytest.mark.slow
 def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     kg = retriever.artifacts.dataset
