@@ -177,12 +177,8 @@ def retrieve(
         result = rank_nodes(batch, in_set, scores, length)
         results.append(result)
         # The step of every ranked node: look up each ranked id among its query's nodes.
-        node_ids = batch.global_nodes.cpu().numpy()
-        ranked = result.ranking
-        match = (ranked[:, :, None] == node_ids[:, None, :]) & (ranked[:, :, None] >= 0)
-        pos = match.argmax(2)
+        pos, found = positions_in_rows(batch.global_nodes.cpu().numpy(), result.ranking)
         step = np.take_along_axis(reached_at.cpu().numpy(), pos, 1)
-        found = match.any(2)
         steps.append(np.where(found, step, -1))
         shown = torch.where(in_set, scores, batch.filter_score).cpu().numpy()
         node_scores.append(np.where(found, np.take_along_axis(shown, pos, 1), np.nan))
@@ -199,6 +195,23 @@ def retrieve(
         set_size=np.concatenate([r.set_size for r in results]),
     )
     return result, np.concatenate(steps), np.concatenate(node_scores)
+
+
+def positions_in_rows(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ids [B, L] (-1 padding), the column of each id in the same row of ``table`` [B, W] (-1
+    padding), the first where it repeats, and whether it is there: one sort and a binary search (a
+    [B, L, W] comparison was 3 ms per 64 questions)."""
+    rows, width = table.shape
+    span = int(max(table.max(initial=-1), ids.max(initial=-1))) + 2  # ids + 1 in [0, span)
+    row = np.arange(rows, dtype=np.int64)[:, None]
+    keys = (row * span + table + 1).ravel()
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    wanted = row * span + ids + 1
+    at = np.minimum(np.searchsorted(sorted_keys, wanted), max(len(sorted_keys) - 1, 0))
+    if not len(sorted_keys):
+        return np.zeros(ids.shape, np.int64), np.zeros(ids.shape, bool)
+    return order[at] % width, (sorted_keys[at] == wanted) & (ids >= 0)
 
 
 def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:

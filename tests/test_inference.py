@@ -107,3 +107,20 @@ def test_node_features_stay_on_the_host_above_the_device_size_limit(monkeypatch)
     monkeypatch.setattr(inference, "DEVICE_FEATURES_MAX_BYTES", data.node_features.nbytes)
     moved = data.on("meta")
     assert isinstance(moved.node_features, torch.Tensor) and moved.node_features.device.type == "meta"
+
+
+def test_positions_in_rows_match_a_brute_force_comparison():
+    """The column of each ranked id among its row's node ids (the first of repeats), as the [B, L, W]
+    comparison it replaces gives it, padding (-1) never found."""
+    from seeder.inference import positions_in_rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows, width, length = (int(x) for x in rng.integers(1, 12, 3))
+        table, ids = rng.integers(-1, 8, (rows, width)), rng.integers(-1, 9, (rows, length))
+        match = (ids[:, :, None] == table[:, None, :]) & (ids[:, :, None] >= 0)
+        pos, found = positions_in_rows(table, ids)
+        np.testing.assert_array_equal(found, match.any(2))
+        np.testing.assert_array_equal(pos[found], match.argmax(2)[found])
+    pos, found = positions_in_rows(np.full((2, 3), -1), np.full((2, 4), -1))
+    assert not found.any() and pos.shape == (2, 4)
