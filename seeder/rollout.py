@@ -248,11 +248,13 @@ class Rollout:
         src, dst, edge_type = self.edges(copies)
         flat_active = active.reshape(-1)
         compact = torch.cumsum(flat_active.long(), 0) - 1
-        keep = flat_active[src] & flat_active[dst]
-        edge_index = torch.stack([compact[src[keep]], compact[dst[keep]]])
+        # One nonzero for the kept edges, then gathers (a boolean index per array repeats the nonzero).
+        keep = (flat_active[src] & flat_active[dst]).nonzero().squeeze(1)
+        edge_index = torch.stack([compact[src.index_select(0, keep)], compact[dst.index_select(0, keep)]])
         positions = flat_active.nonzero().squeeze(1)
         state = self.node_state[self.flat_nodes(positions, copies)]
-        h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type[keep], self.relation_tables)
+        h = self.model.propagate(state, reached_at.reshape(-1)[positions] + 1, edge_index, edge_type.index_select(0, keep),
+                                 self.relation_tables)
         return h, compact
 
     def _expansion_logits(
