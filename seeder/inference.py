@@ -21,7 +21,7 @@ from seeder.model import SeedERPolicy
 from seeder.progress import Progress
 from seeder.retrieve.base import RetrievalResult
 from seeder.rollout import QueryBatch, Rollout, make_query_batch, rank_nodes, score_whole_subgraph
-from seeder.subgraphs import SubgraphSet
+from seeder.subgraphs import SubgraphSet, sorted_lookup
 
 
 # Node features up to this size move to a training or inference GPU whole (MetaQA's are 44 MB; a
@@ -206,12 +206,8 @@ def positions_in_rows(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, n
     row = np.arange(rows, dtype=np.int64)[:, None]
     keys = (row * span + table + 1).ravel()
     order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    wanted = row * span + ids + 1
-    at = np.minimum(np.searchsorted(sorted_keys, wanted), max(len(sorted_keys) - 1, 0))
-    if not len(sorted_keys):
-        return np.zeros(ids.shape, np.int64), np.zeros(ids.shape, bool)
-    return order[at] % width, (sorted_keys[at] == wanted) & (ids >= 0)
+    found, at = sorted_lookup(keys[order], row * span + ids + 1)
+    return (order[at] % width if len(order) else at), found & (ids >= 0)
 
 
 def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:

@@ -28,7 +28,7 @@ import numpy as np
 from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import SubgraphSet, segment_ids
+from seeder.subgraphs import SubgraphSet, segment_ids, sorted_lookup
 
 
 ONE_THREAD_UP_TO = 8
@@ -437,11 +437,7 @@ def retrieved_triples(subgraphs: SubgraphSet, question: np.ndarray, rank: np.nda
     n = int(max(subgraphs.nodes.max(initial=-1), ids.max(initial=-1))) + 1
     keys = question * n + ids
     by_key = np.argsort(keys, kind="stable")
-    sorted_keys = keys[by_key]
-    node_query = segment_ids(subgraphs.node_ptr)
-    flat_keys = node_query * n + subgraphs.nodes
-    pos = np.minimum(np.searchsorted(sorted_keys, flat_keys), max(len(keys) - 1, 0))
-    found = sorted_keys[pos] == flat_keys if len(keys) else np.zeros(len(flat_keys), bool)
+    found, pos = sorted_lookup(keys[by_key], segment_ids(subgraphs.node_ptr) * n + subgraphs.nodes)
     rank_of = np.where(found, rank[by_key[pos]] if len(keys) else -1, -1)  # per subgraph node; -1 not retrieved
     edge_query = segment_ids(subgraphs.edge_ptr)
     src = subgraphs.node_ptr[edge_query] + subgraphs.edge_src

@@ -50,6 +50,15 @@ def segment_ids(ptr: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
 
 
+def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(found, position) of each of ``keys`` (any shape) in the ascending ``sorted_keys``; the position
+    is that of the first equal key, and meaningless where not found."""
+    if len(sorted_keys) == 0:
+        return np.zeros(np.shape(keys), dtype=bool), np.zeros(np.shape(keys), dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[pos] == keys, pos
+
+
 def _gather_segments(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat positions of segments ``index`` (in that order) and the new offsets."""
     lengths = np.diff(ptr)[index]

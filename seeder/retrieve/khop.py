@@ -45,7 +45,7 @@ from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.prior import OFF_PATH_TERM
 from seeder.retrieve.registry import register
-from seeder.subgraphs import SubgraphSet, _offsets
+from seeder.subgraphs import SubgraphSet, _offsets, sorted_lookup
 
 RELATION_SCORES = choices(RelationScore)
 
@@ -109,14 +109,6 @@ def _packed_order(fields: list[tuple[np.ndarray, int]]) -> np.ndarray | None:
     ``np.lexsort`` or a stable argsort (np.sort, SIMD, no permutation array)."""
     packed = _packed_keys(fields)
     return None if packed is None else np.sort(packed)
-
-
-def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(found mask, position) of ``keys`` in ``sorted_keys``."""
-    if len(sorted_keys) == 0:
-        return np.zeros(len(keys), dtype=bool), np.zeros(len(keys), dtype=np.int64)
-    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
-    return sorted_keys[pos] == keys, pos
 
 
 FREQUENT_SHARE = 16
@@ -364,7 +356,7 @@ def expand_batch(
         cand_keys = eq * n + nbr
         fresh = np.ones(len(cand_keys), dtype=bool)
         maybe = np.flatnonzero(selected_anywhere[nbr])  # cheap bitmap test first
-        fresh[maybe] = ~_lookup(selected_keys, cand_keys[maybe])[0]
+        fresh[maybe] = ~sorted_lookup(selected_keys, cand_keys[maybe])[0]
         # Max over incoming (v, r) per (query, node), merged with the carried candidates.
         all_keys = np.concatenate([carry_keys, cand_keys[fresh]])
         all_edge = np.concatenate([carry_edge, edge_term[fresh].astype(np.float32)])
@@ -484,7 +476,7 @@ def induced_edges(graph: GraphIndex, query: np.ndarray, nodes: np.ndarray, node_
     nbr = np.asarray(graph.neighbors[pos], dtype=np.int64)
     rel = np.asarray(graph.relations[pos], dtype=np.int64)
     eq = query[light][owner]
-    found, where = _lookup(sorted_keys, eq * n + nbr)
+    found, where = sorted_lookup(sorted_keys, eq * n + nbr)
     other_local = sorted_local[where]
     out_edge = found & (rel < num_rel)
     in_from_heavy = found & (rel >= num_rel) & graph.is_heavy(nbr)
@@ -615,7 +607,7 @@ def expand_queries(
         nodes=nodes,
         hop=cat("hop", np.int8),
         score=cat("score", np.float32),
-        is_answer=_lookup(answer_keys, query_of_node * kg.num_nodes + nodes)[0],
+        is_answer=sorted_lookup(answer_keys, query_of_node * kg.num_nodes + nodes)[0],
         path_end=cat("path_end", np.float32),
         edge_ptr=cat_ptr("edge_ptr"),
         edge_src=cat("edge_src", np.int32),
@@ -645,7 +637,7 @@ def khop_ranking(subgraphs: SubgraphSet, dense_ids: np.ndarray, length: int) -> 
     dq, dcol = np.nonzero(dense_ids >= 0)
     d_nodes = dense_ids[dq, dcol]
     base = int(max(d_nodes.max(initial=-1), sub_nodes.max(initial=-1))) + 1
-    outside = ~_lookup(np.sort(sub_q * base + sub_nodes), dq * base + d_nodes)[0]
+    outside = ~sorted_lookup(np.sort(sub_q * base + sub_nodes), dq * base + d_nodes)[0]
     q = np.concatenate([sub_q, dq[outside]])
     prio = np.concatenate([sub_prio, dcol[outside] + base])  # subgraph first, then dense order
     nodes = np.concatenate([sub_nodes, d_nodes[outside]])
