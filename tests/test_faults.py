@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from seeder.preprocess import TEST_STOP_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_kill", REPO / "benchmarks" / "bench_kill.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -194,7 +196,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> bool:
     while time.monotonic() < deadline and proc.poll() is None:
         if path.exists():
             return True
-        time.sleep(0.05)
+        time.sleep(0.01)
     return False
 
 
@@ -206,20 +208,34 @@ def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(re
     run = _fresh_run(ref, tmp_path, ["import"])
     try:
         cmd = bench.commands(inputs, run, "ray", rerun=False)["preprocess"]
+        env = bench.step_env(run)
+        if stage == "subgraphs":
+            # Its eight blocks take milliseconds in all, less than a timed kill can aim at, so the driver dies
+            # (os._exit, no clean-up) once a seeded number of them were written, and its Ray workers with it.
+            shards = random.Random(f"{SEED}-{stage}").randint(1, 7)
+            env[TEST_STOP_ENV] = f"subgraphs:{shards}"
         with open(tmp_path / "steps.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run,
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run,
                                     start_new_session=True)
-            # The embedding stage runs for seconds; the others take milliseconds on this graph, so they are
-            # caught as the stage before them completes, then after a random delay of up to 0.2 s.
-            trigger = {"embed": ".embed.partial", "features": "embed/manifest.json", "seeds": "features/manifest.json",
-                       "subgraphs": "seeds/manifest.json"}[stage]
-            reached = _wait_for(run / "artifacts" / trigger, proc)
-            time.sleep(random.Random(f"{SEED}-{stage}").uniform(0.0, 0.2 if stage != "embed" else 1.0))
+            if stage == "subgraphs":
+                reached = proc.wait(timeout=600) == 137
+            else:
+                # The embedding stage runs for seconds: killed inside it after a random delay of up to 1 s.
+                # The next two take milliseconds, so they are caught as the stage before them completes, then
+                # after up to 0.05 s: well inside the few tenths of a second that the rest of the job takes.
+                trigger = {"embed": ".embed.partial", "features": "embed/manifest.json",
+                           "seeds": "features/manifest.json"}[stage]
+                reached = _wait_for(run / "artifacts" / trigger, proc)
+                time.sleep(random.Random(f"{SEED}-{stage}").uniform(0.0, 1.0 if stage == "embed" else 0.05))
             bench.kill_group(proc)
-        assert reached, f"preprocess ended before reaching {stage}"
+        assert reached, f"preprocess ended before reaching {stage}: " + (tmp_path / "steps.log").read_text()[-2000:]
         assert not (run / "artifacts" / "subgraphs" / "manifest.json").exists()
+        if stage == "subgraphs":
+            assert len(list((run / "artifacts" / ".subgraphs.partial").glob("part-*.parquet"))) >= shards
         rerun = _run(cmd, run)
         assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
+        if stage == "subgraphs":
+            assert "subgraphs: resuming" in rerun.stdout, rerun.stdout[-2000:]
         assert bench.same("preprocess", snapshots["preprocess"], bench.snapshot(run, "preprocess")) == ""
         assert bench.leftovers(run / "artifacts") == []
     finally:
