@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seeder.config import ModelConfig
-from seeder.model import ByteDropout, SeedERPolicy, count_parameters, segment_softmax, segment_sum
+from seeder.model import ByteDropout, SeedERPolicy, count_parameters, linear, segment_softmax, segment_sum
 
 
 def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: int):
@@ -194,3 +194,15 @@ def test_byte_dropout_drops_p_of_the_values_and_keeps_the_expectation():
     assert torch.equal(drop.eval()(x), x) and torch.equal(ByteDropout(0.0).train()(x), x)
     with pytest.raises(Exception, match="model.dropout"):
         ByteDropout(1.0)
+
+
+def test_linear_adds_the_bias_outside_the_product_when_compiled_and_agrees_with_nn_linear():
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(37, 16), torch.randn(24, 16), torch.randn(24)
+    expected = torch.nn.functional.linear(x, weight, bias)
+    assert torch.equal(linear(x, weight, bias), expected)  # eagerly, the plain nn.Linear product
+    compiled = torch.compile(linear, dynamic=True)
+    torch.testing.assert_close(compiled(x, weight, bias), expected)
+    torch.testing.assert_close(compiled(x, weight, None), torch.nn.functional.linear(x, weight))
+    batched = torch.randn(3, 5, 16)  # other ranks keep nn.Linear's product
+    torch.testing.assert_close(compiled(batched, weight, bias), torch.nn.functional.linear(batched, weight, bias))
