@@ -49,6 +49,75 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     assert report["methods"]["seeder"]["all"]["hit_at_1"] == pytest.approx(float(mine["hit_at_1"].mean()))
 
 
+def test_policy_precision_is_checked_resolved_and_held_while_ranking(trained, retriever, monkeypatch):
+    """float32 products by default; ``bfloat16`` turns oneDNN's bf32 products on only while ranking
+    (the same ranked ids, within float noise, on this small model), ``auto`` only where the CPU has
+    native bfloat16, and never on a GPU."""
+    import torch
+
+    import seeder.inference
+    from seeder import Retriever, bert
+    from seeder.io import DataError
+
+    with pytest.raises(DataError, match="policy_precision='half'"):
+        Retriever.load(trained[0] / "run" / "model", policy_precision="half")
+    assert retriever.policy_precision == "float32" and not retriever.bfloat16_policy
+    assert Retriever.load(trained[0] / "run" / "model", policy_precision="auto").bfloat16_policy == bert.native_bfloat16()
+    forced = Retriever.load(trained[0] / "run" / "model", policy_precision="bfloat16")
+    assert forced.bfloat16_policy
+    seen, real = [], seeder.inference.retrieve
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.mkldnn.matmul.fp32_precision)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(seeder.inference, "retrieve", recording)
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    exact, _ = retriever.rank_split("val")
+    bf32, _ = forced.rank_split("val")
+    assert seen == [before, "bf16"] and torch.backends.mkldnn.matmul.fp32_precision == before
+    assert (exact.ranking[:, 0] == bf32.ranking[:, 0]).mean() >= 0.9
+    forced.device = "cuda:0"  # named, never used: there is no GPU here
+    assert not forced.bfloat16_policy
+
+
+def test_bfloat16_products_last_until_the_last_overlapping_user_is_done():
+    """A call's parts rank in threads side by side: the setting stays until the last one leaves."""
+    import threading
+
+    import torch
+
+    from seeder.retriever import bfloat16_products
+
+    matmul = torch.backends.mkldnn.matmul
+    before = matmul.fp32_precision
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    inside = {}
+
+    def first():
+        with bfloat16_products():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with bfloat16_products():
+            second_in.set()
+            first_out.wait(10)
+            inside["after the first left"] = matmul.fp32_precision
+        inside["after both left"] = matmul.fp32_precision
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert inside == {"after the first left": "bf16", "after both left": before}
+    with bfloat16_products(enabled=False):
+        assert matmul.fp32_precision == before
+
+
 def test_encoder_precision_is_checked_and_resolved(trained, retriever):
     """New questions are encoded as the artifacts were by default; ``auto`` picks bfloat16 only for a
     plain-torch transformer on a CPU with native bfloat16, so the hashing encoder here stays as it was."""
