@@ -8,10 +8,10 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
 1. ``Retriever.load`` time;
 2. the API, one question per call: p50 / p95 / p99 latency;
 3. the API, batches of ``--batch`` questions: questions per second;
-   2 and 3 run with the question encoder in ``--encoder-precision`` and the policy's products in
-   ``--policy-precision`` (both default ``auto``: bfloat16 on CPUs that compute it natively) and,
-   when either differs, in the artifacts' precision and float32 products too, the reference whose
-   rankings equal ``seeder evaluate``'s, interleaved in blocks of questions; the ratio is printed;
+   2 and 3 run with the question encoder in ``--encoder-precision`` (default ``auto``: bfloat16 on
+   CPUs that compute it natively) and, when that differs, in the artifacts' precision too, the
+   reference whose rankings equal ``seeder evaluate``'s, interleaved in blocks of questions; the ratio
+   is printed;
 4. ``seeder serve`` started on 127.0.0.1: one question per request from 1 client (latency), from
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
    ``--request-batch`` questions (throughput). Each client keeps its HTTP/1.1 connection open across
@@ -121,7 +121,7 @@ def free_port() -> int:
 
 
 def main() -> None:
-    from seeder.retriever import ENCODER_PRECISIONS, add_compile_argument, add_policy_precision_argument
+    from seeder.retriever import ENCODER_PRECISIONS, add_compile_argument
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
@@ -140,7 +140,6 @@ def main() -> None:
     parser.add_argument("--encoder-precision", default="auto", choices=ENCODER_PRECISIONS,
                         help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")
-    add_policy_precision_argument(parser, default="auto")
     add_compile_argument(parser)
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (cpu, cuda)")
@@ -155,7 +154,7 @@ def main() -> None:
 
     start = time.perf_counter()
     retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision,
-                               compiled=args.compile, device=args.device, policy_precision=args.policy_precision)
+                               compiled=args.compile, device=args.device)
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -194,23 +193,19 @@ def main() -> None:
             out[label] = float(np.median(single[label])), rate
         return out
 
-    def formats(r: Retriever) -> str:
-        return f"questions encoded in {r.query_precision}, {'bfloat16' if r.bfloat16_policy else 'float32'} products"
-
-    chosen = formats(retriever)
+    chosen = f"questions encoded in {retriever.query_precision}"
     runs = {chosen: retriever}
-    if not retriever.on_gpu and (retriever.query_precision != retriever.config.embed.cpu_precision
-                                 or retriever.bfloat16_policy):
+    if not retriever.on_gpu and retriever.query_precision != retriever.config.embed.cpu_precision:
         # The reference in the same run: the artifacts' own precision (exact rankings of `seeder evaluate`).
         reference = Retriever.load(args.model, artifacts=args.artifacts, compiled=args.compile, device=args.device)
         reference.warm_up()
-        runs[f"reference: {formats(reference)}"] = reference
+        runs[f"reference: questions encoded in {reference.query_precision}"] = reference
         del reference
     results = measure(runs)
     p50, rate = results[chosen]
     for label, (ref_p50, ref_rate) in results.items():
         if label != chosen:
-            print(f"chosen / reference: p50 {ref_p50 / p50:.2f}x faster, "
+            print(f"{retriever.query_precision} / {runs[label].query_precision}: p50 {ref_p50 / p50:.2f}x faster, "
                   f"batches {rate / ref_rate:.2f}x the questions/s (measured interleaved)")
     del runs  # the reference's memory back before the service starts
     if args.skip_serve:
@@ -222,8 +217,7 @@ def main() -> None:
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
-                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision,
-                             "--policy-precision", args.policy_precision, "--device", args.device,
+                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision, "--device", args.device,
                              *(["--gpus-per-replica", "1"] if is_gpu(args.device) else []),
                              *(["--compile"] if args.compile else []),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

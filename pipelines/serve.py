@@ -108,7 +108,7 @@ def bind_replica_grpc_to_loopback() -> None:
 
 def build_app(model: str, artifacts: str | None, device: str, replicas: int, max_batch_size: int, batch_wait_ms: float,
               max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "artifacts",
-              compiled: bool = False, loopback_only: bool = False, policy_precision: str = "float32"):
+              compiled: bool = False, loopback_only: bool = False):
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -130,7 +130,7 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
             # 86 to 115 questions/s and 64-question requests from 236 to 261.
             threadpoolctl.threadpool_limits(1, user_api="blas")
             self.retriever = Retriever.load(model, artifacts=artifacts, device=device, encoder_precision=encoder_precision,
-                                            compiled=compiled, policy_precision=policy_precision)
+                                            compiled=compiled)
             self.max_k = self.retriever.ranking_length
             self.retriever.warm_up()  # encoder, name and graph indexes, compiled graphs: all before traffic
 
@@ -166,7 +166,7 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
 
 
 def main(argv: list[str] | None = None) -> int:
-    from seeder.retriever import add_compile_argument, add_encoder_precision_argument, add_policy_precision_argument
+    from seeder.retriever import add_compile_argument, add_encoder_precision_argument
 
     parser = argparse.ArgumentParser(prog="seeder serve", description="Serve a trained SeedER model over HTTP on Ray Serve.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-questions", type=int, default=2048, help="questions allowed in one request (more: 413)")
     parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray on loopback)")
     add_encoder_precision_argument(parser, defaults_shown=True)
-    add_policy_precision_argument(parser, defaults_shown=True)
     add_compile_argument(parser)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)  # tests and benchmarks: written once the app answers
     args = parser.parse_args(argv)
@@ -209,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
                     args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision,
-                    args.compile, loopback_only=loopback_only, policy_precision=args.policy_precision)
+                    args.compile, loopback_only=loopback_only)
     serve.run(app, name=APP_NAME, route_prefix="/")
     print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
     if args.ready_file:

@@ -17,7 +17,6 @@ batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -96,46 +95,6 @@ def resolve_encoder_precision(choice: str, embed) -> str:
     return "bfloat16" if runs_plain_torch(embed) and bert.native_bfloat16() else embed.cpu_precision
 
 
-POLICY_PRECISIONS = ("float32", "bfloat16", "auto")
-"""The number format of the policy's matrix products on CPU: ``float32`` (the default: rankings equal
-``seeder evaluate``'s), ``bfloat16`` (inputs rounded to bfloat16, sums and outputs in float32: oneDNN's
-"bf32" products, ``bfloat16_products``), or ``auto``: bfloat16 where the CPU computes it natively, else
-float32. Only the products change; gathers, softmaxes, sums over edges and scores stay float32. On
-MetaQA (AMX CPU, compiled policy, one thread) a batch of 128 questions ranks in 131-137 ms against
-161-166; of the 4,041 val questions 98.8% keep the same top node, Hit@1 0.9587 against 0.9589 (one
-question), Hit@5, Hit@20, Recall@20 and Hit@any unchanged."""
-
-_products_lock = threading.Lock()
-_products_users = 0
-_products_before = "ieee"
-
-
-@contextmanager
-def bfloat16_products(enabled: bool = True):
-    """Float32 matrix products on CPU take bfloat16 inputs and sum in float32 inside (``enabled``): a
-    process-wide oneDNN setting, counted so that a call's parts, which rank side by side in threads,
-    keep it until the last of them is done, and then the setting from before."""
-    global _products_users, _products_before
-    import torch
-
-    if not enabled:
-        yield
-        return
-    matmul = torch.backends.mkldnn.matmul
-    with _products_lock:
-        if _products_users == 0:
-            _products_before = matmul.fp32_precision
-            matmul.fp32_precision = "bf16"
-        _products_users += 1
-    try:
-        yield
-    finally:
-        with _products_lock:
-            _products_users -= 1
-            if _products_users == 0:
-                matmul.fp32_precision = _products_before
-
-
 IN_MEMORY_FEATURES = 4 << 30
 """Node features up to this size (4 GiB: 4M nodes at 256 float32 dims) are held in memory by a Retriever."""
 
@@ -210,14 +169,11 @@ class Retriever:
     """A loaded model, its artifacts and everything a question needs, built once."""
 
     def __init__(self, model, info, artifacts, device: str = "cpu", config: SeederConfig | None = None,
-                 encoder_precision: str = "artifacts", compiled: bool = False, policy_precision: str = "float32"):
+                 encoder_precision: str = "artifacts", compiled: bool = False):
         from seeder.inference import Schedule
 
         if encoder_precision not in ENCODER_PRECISIONS:
             raise DataError(f"encoder_precision={encoder_precision!r}: use one of {', '.join(ENCODER_PRECISIONS)}")
-        if policy_precision not in POLICY_PRECISIONS:
-            raise DataError(f"policy_precision={policy_precision!r}: use one of {', '.join(POLICY_PRECISIONS)}")
-        self.policy_precision = policy_precision
         self.info = info
         self.artifacts = artifacts
         self.config = config or artifacts.config  # preprocessing and eval settings of the artifacts
@@ -239,16 +195,14 @@ class Retriever:
     @classmethod
     def load(cls, model: str | Path, artifacts: str | Path | None = None, device: str = "cpu",
              config: SeederConfig | None = None, accept_mismatch: bool = False,
-             encoder_precision: str = "artifacts", compiled: bool = False,
-             policy_precision: str = "float32") -> "Retriever":
+             encoder_precision: str = "artifacts", compiled: bool = False) -> "Retriever":
         """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
         defaults to the ones the model was trained on; other artifacts must come from the same dataset
         with the same features (embed and reduce), and artifacts must match the dataset they were built
         from, or loading fails naming both fingerprints. ``accept_mismatch=True`` turns those errors
         into warnings (a feature width that differs stays an error: the model cannot run on it).
         ``encoder_precision`` (see ``ENCODER_PRECISIONS``) sets the number format of new questions'
-        encoding on CPU, ``policy_precision`` (see ``POLICY_PRECISIONS``) that of the policy's matrix
-        products. ``compiled=True`` runs the policy and the question encoder through
+        encoding on CPU. ``compiled=True`` runs the policy and the question encoder through
         ``torch.compile`` (``seeder.compiled``: faster answers after 20-30 s of compiling on the first
         questions; needs a C++ compiler)."""
         from seeder.artifacts import open_artifacts
@@ -261,7 +215,7 @@ class Retriever:
         opened = open_artifacts(where, accept_mismatch=accept_mismatch)
         check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
         return cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
-                   compiled=compiled, policy_precision=policy_precision)
+                   compiled=compiled)
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
 
@@ -293,15 +247,6 @@ class Retriever:
         if self.on_gpu:
             return "float16" if self.config.embed.half_precision else "float32"
         return resolve_encoder_precision(self.encoder_precision, self.config.embed)
-
-    @property
-    def bfloat16_policy(self) -> bool:
-        """Whether the policy's products take bfloat16 inputs (``policy_precision`` resolved; CPU only)."""
-        from seeder import bert
-
-        if self.on_gpu or self.policy_precision == "float32":
-            return False
-        return self.policy_precision == "bfloat16" or bert.native_bfloat16()
 
     @cached_property
     def pca(self):
@@ -380,8 +325,7 @@ class Retriever:
 
         data = QueryData(self.node_features, np.asarray(self.artifacts.relation_features, np.float32),
                          np.asarray(query_features, np.float32), subgraphs)
-        with bfloat16_products(self.bfloat16_policy):
-            return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size, progress)
+        return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size, progress)
 
     def rank_split(self, split: str) -> tuple[RetrievalResult, SubgraphSet]:
         """The preprocessed questions of ``split``, ranked as ``seeder evaluate`` ranks them."""
@@ -599,7 +543,6 @@ def _retrieve_command(args) -> int:
         raise DataError("give one question, or --file FILE with one question per line")
     retriever = Retriever.load(args.model, artifacts=args.artifacts, device=args.device,
                                accept_mismatch=args.accept_mismatch, encoder_precision=args.encoder_precision,
-                               policy_precision=args.policy_precision,
                                compiled=args.compile)
     questions = [args.question] if args.question else _read_questions(args.file)
     hits = []
@@ -635,7 +578,6 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched pass (default 256)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
     add_encoder_precision_argument(parser)
-    add_policy_precision_argument(parser)
     add_compile_argument(parser)
     add_accept_mismatch_argument(parser)
     parser.set_defaults(func=_retrieve_command)
@@ -651,17 +593,6 @@ def add_encoder_precision_argument(parser, defaults_shown: bool = False) -> None
              "2x faster MiniLM, the same top node for 99.3%% of MetaQA val questions), float32, bfloat16, or int8 "
              "(int8 GEMMs: 1.3-1.7x bfloat16 for one question, the same top node for 96%%, Hit@1 unchanged)"
              + ("" if defaults_shown else " (default artifacts)"),
-    )
-
-
-def add_policy_precision_argument(parser, defaults_shown: bool = False, default: str = "float32") -> None:
-    """``--policy-precision``, shared by ``seeder retrieve``, ``seeder serve`` and the serving benchmark."""
-    parser.add_argument(
-        "--policy-precision", choices=POLICY_PRECISIONS, default=default,
-        help="number format of the policy's matrix products on CPU: float32 (rankings as in seeder evaluate), "
-             "bfloat16 (bfloat16 inputs, float32 sums: MetaQA batches rank 1.2x faster, the same top node for 98.8%% "
-             "of val questions, Hit@1 within one question) or auto (bfloat16 where the CPU computes it natively)"
-             + ("" if defaults_shown else f" (default {default})"),
     )
 
 
