@@ -45,7 +45,7 @@ from seeder.io import DataError, atomic_directory, check_replaceable
 from seeder.metrics import evaluate, per_query_metrics, subgraph_ceiling
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import SubgraphSet
+from seeder.subgraphs import SubgraphSet, sorted_lookup
 
 TABLE_COLUMNS = [("Hit@1", "hit_at_1"), ("Hit@5", "hit_at_5"), ("MRR", "mrr"), ("Recall@20", "recall_at_20")]
 """The paper's Table 1 columns (header, metric name); the best value of each is bold."""
@@ -209,8 +209,8 @@ class BlockRanker:
 
     def positions(self, query_ids: np.ndarray) -> np.ndarray:
         sorted_ids = self.subgraphs.query_ids[self.order]
-        pos = np.minimum(np.searchsorted(sorted_ids, query_ids), max(len(sorted_ids) - 1, 0))
-        if len(sorted_ids) == 0 or not np.array_equal(sorted_ids[pos], query_ids):
+        found, pos = sorted_lookup(sorted_ids, query_ids)
+        if not found.all():
             raise DataError(f"{self.artifacts.path}: query ids without a subgraph in this split: {query_ids[:5].tolist()}")
         return self.order[pos]
 
@@ -234,8 +234,8 @@ def results_from_blocks(blocks: Sequence[dict[str, np.ndarray]], methods: list[s
     """``BlockRanker`` outputs (any order) -> per method (result in ``query_ids`` order, ranking seconds)."""
     got = np.concatenate([np.asarray(b["query_id"], dtype=np.int64) for b in blocks]) if blocks else np.zeros(0, np.int64)
     order = np.argsort(got, kind="stable")
-    pos = np.minimum(np.searchsorted(got[order], query_ids), max(len(got) - 1, 0))
-    if len(got) != len(query_ids) or not np.array_equal(got[order][pos], query_ids):
+    found, pos = sorted_lookup(got[order], query_ids)
+    if len(got) != len(query_ids) or not found.all():
         raise DataError(f"ranked blocks returned {len(got)} queries for {len(query_ids)} asked; some are missing or repeated")
     rows = order[pos]
     out = {}

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import SubgraphSet
+from seeder.subgraphs import SubgraphSet, sorted_lookup
 
 
 def _distinct_answers(answer_ptr: np.ndarray, answers: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,10 +46,8 @@ def answer_ranks(ranking: np.ndarray, answer_ptr: np.ndarray, answers: np.ndarra
     order = np.argsort(rank_keys, kind="stable")
     rank_keys, col = rank_keys[order], col[order]
     ranks = np.full(len(answer_keys), -1, dtype=np.int64)
-    if len(rank_keys):
-        pos = np.minimum(np.searchsorted(rank_keys, answer_keys), len(rank_keys) - 1)
-        found = rank_keys[pos] == answer_keys
-        ranks[found] = col[pos[found]]
+    found, pos = sorted_lookup(rank_keys, answer_keys)
+    ranks[found] = col[pos[found]]
     return answer_keys // base, ranks, num_answers
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from seeder.config import ConfigError, PriorConfig
+from seeder.subgraphs import sorted_lookup
 
 ROOT = 1
 """The code of the empty path (the seeds themselves)."""
@@ -158,8 +159,7 @@ def golden_paths(
         q, code, node = q[keep], code[keep], node[keep]
         # Hits per (query, path).
         keys = q * num_nodes + node
-        pos = np.minimum(np.searchsorted(answer_keys, keys), max(len(answer_keys) - 1, 0))
-        is_answer = answer_keys[pos] == keys if len(answer_keys) else np.zeros(len(keys), bool)
+        is_answer = sorted_lookup(answer_keys, keys)[0]
         starts = np.flatnonzero(_first_of_runs(q, code))
         hits = np.add.reduceat(is_answer.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
         reached = np.diff(np.append(starts, len(q)))

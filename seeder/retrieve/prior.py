@@ -42,6 +42,7 @@ from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.io import DataError
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
 from seeder.retrieve.wording import WORDING_VERSION, question_form
+from seeder.subgraphs import sorted_lookup
 
 
 def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
@@ -66,8 +67,8 @@ def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached:
     # Look the reduced path up among the same query's rows (sorted by query, then code).
     span = int(code.max()) + 1
     keys = query.astype(np.int64) * span + code
-    pos = np.minimum(np.searchsorted(keys, query.astype(np.int64) * span + reduced), len(keys) - 1)
-    same = (keys[pos] == query.astype(np.int64) * span + reduced) & (hits[pos] == hits) & (reached[pos] == reached)
+    found, pos = sorted_lookup(keys, query.astype(np.int64) * span + reduced)
+    same = found & (hits[pos] == hits) & (reached[pos] == reached)
     detour = has_step_back & same
     # No target is longer than the shortest path with the best F1: with many relations, long paths reach
     # an answer by coincidence (on a graph of permutations, a few of the 8,000 3-paths of a node do).
@@ -338,8 +339,8 @@ def train_prior(
     for _ in range(max(cfg.refine_rounds, 0)):
         questions, row = np.unique(query, return_inverse=True)
         probs = prior.probs(np.asarray(inputs[questions], dtype=np.float32))
-        slot = np.minimum(np.searchsorted(prior.vocab, code), len(prior.vocab) - 1)
-        likely = np.where(prior.vocab[slot] == code, probs[row, slot], 0.0) * weight
+        known, slot = sorted_lookup(prior.vocab, code)
+        likely = np.where(known, probs[row, slot], 0.0) * weight
         total = np.bincount(row, likely, minlength=len(questions))
         # A question none of whose paths the prior knows keeps its weights.
         weight = np.where(total[row] > 0, likely / np.maximum(total[row], 1e-30), weight).astype(np.float32)
@@ -471,7 +472,7 @@ def _fit_prior(
     top = prior.probs(x[held]).argmax(axis=1)
     held_rows = np.flatnonzero(held)
     wanted = held_rows * len(vocab) + top
-    hit = target_keys[np.minimum(np.searchsorted(target_keys, wanted), len(target_keys) - 1)] == wanted
+    hit = sorted_lookup(target_keys, wanted)[0]
     info = {
         "vocab_size": int(len(vocab)),
         "questions": int(len(rows)),

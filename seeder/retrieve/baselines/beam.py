@@ -12,6 +12,7 @@ import numpy as np
 
 from seeder.config import BaselinesConfig, ConfigError
 from seeder.retrieve.base import RetrievalResult
+from seeder.subgraphs import sorted_lookup
 from seeder.retrieve.baselines.common import (
     BaselineInputs,
     csr_expand,
@@ -57,8 +58,7 @@ def beam_search(
             - cfg.beam.hop_penalty
         )
         key = q * n + nbr
-        pos = np.minimum(np.searchsorted(visited, key), max(len(visited) - 1, 0))
-        fresh = visited[pos] != key if len(visited) else np.ones(len(key), dtype=bool)
+        fresh = ~sorted_lookup(visited, key)[0]
         q, nbr, score = dedupe_max(q[fresh], nbr[fresh], score[fresh])
         keep = group_topk(q, score, nbr, cfg.beam.width)
         state_q, state_n, state_s = q[keep], nbr[keep], score[keep]
