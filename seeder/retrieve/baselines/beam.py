@@ -12,7 +12,6 @@ import numpy as np
 
 from seeder.config import BaselinesConfig, ConfigError
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import sorted_lookup
 from seeder.retrieve.baselines.common import (
     BaselineInputs,
     csr_expand,
@@ -24,6 +23,7 @@ from seeder.retrieve.baselines.common import (
     pair_cosine,
     rank_candidates,
 )
+from seeder.subgraphs import sorted_lookup
 
 
 def transition_weights(cfg: BaselinesConfig) -> tuple[float, float, float]:
