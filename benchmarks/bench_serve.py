@@ -16,9 +16,9 @@ seeding, K-HOP-WITH-FILTERING, expansion and ranking):
    ``--clients`` concurrent clients (errors, throughput), and client-side batches of
    ``--request-batch`` questions (throughput). Each client keeps its HTTP/1.1 connection open across
    its requests, as HTTP client libraries and load generators do. The single client sends each
-   question as a POST and as a ``GET /?question=...`` (no body for the replica to fetch), the two forms
-   alternating in blocks of ``INTERLEAVE`` questions, and is measured once more with a new connection
-   per request.
+   question as a POST and as a ``GET /?question=...`` (through Serve's proxy, ``--through-proxy``, a
+   GET has no body for the replica to fetch back), the two forms alternating in blocks of
+   ``INTERLEAVE`` questions, and is measured once more with a new connection per request.
 """
 
 from __future__ import annotations
@@ -141,6 +141,9 @@ def main() -> None:
                         help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
                         "API and the service; when it differs from the artifacts', the API is also measured with theirs")
     add_compile_argument(parser)
+    parser.add_argument("--through-proxy", action="store_true",
+                        help="send the requests through Ray Serve's HTTP proxy (seeder serve --through-proxy) instead of to the "
+                        "one replica, which answers HTTP itself by default")
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (cpu, cuda)")
     args = parser.parse_args()
@@ -215,11 +218,13 @@ def main() -> None:
     ready = Path(tempfile.mkdtemp()) / "ready"
     seeder = str(Path(sys.executable).parent / "seeder")
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
-    print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s)")
+    answered_by = "Serve's proxy" if args.through_proxy or args.replicas > 1 else "the replica itself"
+    print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s); HTTP answered by {answered_by}")
     proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
                              "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision, "--device", args.device,
                              *(["--gpus-per-replica", "1"] if is_gpu(args.device) else []),
                              *(["--compile"] if args.compile else []),
+                             *(["--through-proxy"] if args.through_proxy else []),
                              "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not ready.exists():

@@ -4,6 +4,7 @@ requests, the bind address, and the request parser on its own."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.serve import BadRequest, parse_query, parse_request
+from pipelines.serve import BadRequest, answer_on_the_replica, parse_query, parse_request
 from tests.conftest import ENV, free_port
 
 
@@ -29,14 +30,17 @@ def post(url: str, body: bytes | None, timeout: float = 120, method: str = "POST
 
 
 
-@pytest.fixture(scope="module")
-def server(trained, tmp_path_factory):
+@pytest.fixture(scope="module", params=["replica", "proxy"])
+def server(request, trained, tmp_path_factory):
+    """The service as started by default (its one replica answers HTTP itself) and with --through-proxy
+    (Ray Serve's proxy on the port, as with several replicas or on a cluster)."""
     root, _ = trained
     ready = tmp_path_factory.mktemp("serve") / "ready"
     port = free_port()
     seeder = str(Path(sys.executable).parent / "seeder")
     proc = subprocess.Popen([seeder, "serve", "--model", str(root / "run" / "model"), "--port", str(port),
-                             "--max-questions", "1000", "--ready-file", str(ready)],
+                             "--max-questions", "1000", "--ready-file", str(ready),
+                             *(["--through-proxy"] if request.param == "proxy" else [])],
                             env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -45,7 +49,7 @@ def server(trained, tmp_path_factory):
             proc.kill()
             pytest.fail(f"seeder serve did not start: {proc.stdout.read()[-3000:]}")
         time.sleep(1)
-    yield f"http://127.0.0.1:{port}/", port, root
+    yield f"http://127.0.0.1:{port}/", port, root, request.param
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)
@@ -57,7 +61,7 @@ def server(trained, tmp_path_factory):
 def test_a_batch_of_questions_gets_the_apis_rankings(server):
     from seeder import Retriever
 
-    url, _, root = server
+    url, _, root, _ = server
     retriever = Retriever.load(root / "run" / "model")
     questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:4]
     status, reply = post(url, json.dumps({"questions": questions, "k": 5}).encode())
@@ -79,7 +83,7 @@ def test_a_batch_of_questions_gets_the_apis_rankings(server):
     (json.dumps({"questions": ["what is it"] * 10_000}).encode(), 413, "at most 1000"),
 ])
 def test_bad_requests_get_a_4xx_and_the_service_keeps_running(server, body, status, message):
-    url, _, _ = server
+    url, _, _, _ = server
     got, reply = post(url, body)
     assert got == status and message in reply["error"]
     assert post(url, b'{"question": "still there?", "k": 1}')[0] == 200
@@ -87,7 +91,7 @@ def test_bad_requests_get_a_4xx_and_the_service_keeps_running(server, body, stat
 
 @pytest.mark.slow
 def test_a_get_request_gets_the_same_rankings_as_a_post(server):
-    url, _, root = server
+    url, _, root, _ = server
     from seeder import Retriever
 
     questions = Retriever.load(root / "run" / "model").artifacts.dataset.queries_of("test").column("text").to_pylist()[:2]
@@ -103,15 +107,37 @@ def test_a_get_request_gets_the_same_rankings_as_a_post(server):
 
 @pytest.mark.slow
 def test_the_service_listens_on_loopback_only(server):
-    _, port, _ = server
-    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    _, port, _, answered_by = server
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
     assert f"127.0.0.1:{port}" in listening and f"0.0.0.0:{port}" not in listening and f"*:{port}" not in listening
+    # The port belongs to the replica itself, or to Serve's proxy with --through-proxy.
+    assert ("ray::ServeRepli" if answered_by == "replica" else "ray::ProxyActor") in listening, listening
     # Nor any other socket of Serve's processes (the replicas' gRPC servers, the proxy, the controller).
     serve_sockets = [line.split() for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
                      if any(name in line for name in ("ray::ServeRepli", "ray::ProxyActor", "ray::ServeContr"))]
     assert serve_sockets, "ss shows no Serve process"
     public = [local for _, _, _, local, *_ in serve_sockets if not local.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
     assert not public, f"Serve listens beyond loopback on {public}"
+
+
+def test_the_replica_takes_the_port_only_when_it_is_free(monkeypatch):
+    import socket
+
+    for name in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"):
+        monkeypatch.setenv(name, "")  # recorded, so that the test's values are undone afterwards
+        monkeypatch.delenv(name)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"127.0.0.1:{port} .*pass another --port"):
+            answer_on_the_replica("127.0.0.1", port)
+        assert "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT" not in os.environ  # nothing set for a port it cannot have
+    port = free_port()
+    proxy_port = answer_on_the_replica("127.0.0.1", port)
+    assert proxy_port != port
+    assert (os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"], os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"],
+            os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("1", str(port), str(port + 1))
 
 
 def test_parse_request_without_a_server():
