@@ -123,7 +123,8 @@ def test_the_service_listens_on_loopback_only(server):
 def test_the_replica_takes_the_port_only_when_it_is_free(monkeypatch):
     import socket
 
-    for name in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"):
+    for name in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT",
+                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "RAY_SERVE_PORT_QUARANTINE_S"):
         monkeypatch.setenv(name, "")  # recorded, so that the test's values are undone afterwards
         monkeypatch.delenv(name)
     with socket.socket() as taken:
