@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from seeder.io import DataError
 from seeder.preprocess import TEST_STOP_ENV, stage_fingerprints
 from seeder.config import load_config
 from seeder.store import open_dataset
+from tests.conftest import free_port
 from tests.datasets import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -266,12 +266,6 @@ def test_a_kill_in_the_paths_stage_resumes_to_the_same_artifacts(learned_referen
 # -- ray job submit against a real head ----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _kill_head(head: subprocess.Popen, temp_dir: Path) -> None:
     """Stop only this test's cluster: `ray stop` would stop every Ray process on the machine,
     including other people's, so kill the head's process group, then any process of its temp dir."""
@@ -306,10 +300,10 @@ def _kill_head(head: subprocess.Popen, temp_dir: Path) -> None:
 def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset, tmp_path):
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = Path("/tmp") / f"rt-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
-    dashboard = _free_port()
+    dashboard = free_port()
     ports = {
-        "--port": _free_port(), "--dashboard-port": dashboard, "--ray-client-server-port": _free_port(),
-        "--dashboard-agent-listen-port": _free_port(), "--metrics-export-port": _free_port(),
+        "--port": free_port(), "--dashboard-port": dashboard, "--ray-client-server-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(), "--metrics-export-port": free_port(),
     }
     # The cluster's own token, for the head, the client and (inherited) the job: other Ray users of
     # this machine rewrite ~/.ray/auth_token, so the shared file cannot be relied on.
