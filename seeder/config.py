@@ -169,7 +169,8 @@ class ExpandConfig(Section):
     ``score`` (v's own filter score, so the relations of the whole path from the seed add up and a
     multi-hop question's relation chain outranks hub neighbourhoods)."""
     batch_queries: int = 256
-    """Queries expanded together in one vectorised pass (bounds the memory of the flat arrays)."""
+    """Queries expanded by one call of the compiled expansion (``seeder.retrieve.khop_kernels``): bounds
+    the memory of a call's output arrays; results do not depend on it."""
     relation_score: RelationScore = "cosine"
     """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
     probability mass of the candidate's relation path from the seed (the parent's path plus this edge's

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from seeder.config import ConfigError, ExpandConfig
-from seeder.retrieve.khop import GraphIndex, expand_queries
+from seeder.retrieve.khop import GraphIndex, expand_batch, expand_queries
 
 from .conftest import make_graph, normalised
 
@@ -132,6 +134,20 @@ def test_caps_bound_the_work_on_a_hub(tmp_path):
     got = run(kg, nf, rf, qf, np.array([[0, 1]]), cfg)
     hop1 = set(got.nodes[got.hop == 1].tolist())
     assert hop1 == set(sample_list[:30])  # a prefix of the hub's own sample; node 1 gets no room
+    # At hop 2 only the edges of the nodes added at hop 1 are read, so the seed's own edge does not
+    # use up any of the cap: the hub (hop 1) gets all 30.
+    cfg = ExpandConfig(budget=300, hops=2, keep_per_hop=[1, 299], neighbor_cap=cap, candidate_cap=30)
+    got = run(kg, nf, rf, qf, np.array([[1]]), cfg)
+    assert got.nodes[got.hop == 1].tolist() == [0]
+    assert set(got.nodes[got.hop == 2].tolist()) == set(sample_list[:30])
+    # Caps above the degree: all 5,001 neighbours are candidates, more than a query's first candidate
+    # slots, so its table grows mid-hop; the selection is still the reference's.
+    cfg = ExpandConfig(budget=300, hops=1, keep_per_hop=[299], neighbor_cap=10_000, candidate_cap=10_000)
+    got = run(kg, nf, rf, qf, np.array([[0]]), cfg)
+    want_nodes, _, want_scores = reference_expand(kg, nf, rf, qf, np.array([[0]]), cfg)[0]
+    assert set(got.nodes.tolist()) == set(want_nodes) and got.nodes[0] == 0
+    np.testing.assert_allclose(np.sort(got.score[1:]), np.sort(want_scores[1:]), atol=1e-5)
+    assert (np.diff(got.score[1:]) <= 0).all()  # best first
 
 
 def test_bad_config_and_seeds(random_graph):
@@ -145,27 +161,31 @@ def test_bad_config_and_seeds(random_graph):
         run(kg, nf, rf, qf, np.array([[kg.num_nodes + 3]]), ExpandConfig())
     with pytest.raises(Exception, match="2R"):
         run(kg, nf, rf[:2], qf, np.array([[1]]), ExpandConfig())
+    huge = dataclasses.replace(GraphIndex.build(kg), num_nodes=1 << 32)  # ids past the keys' 32 bits
+    with pytest.raises(Exception, match="at most"):
+        expand_batch(huge, nf, rf, qf, np.array([[1]]), ExpandConfig())
 
 
-def test_cosine_paths_agree_and_descending_keys():
-    from seeder.retrieve.khop import _descending_bits, node_query_cosines
+def test_cosines_do_not_depend_on_the_batch_and_descending_keys(random_graph):
+    """A pair's cosine is computed by the same compiled code whatever the batch, so subgraphs and
+    scores are bit-identical for any ``expand.batch_queries``; ranking keys order by (score
+    descending, node ascending), -0.0 as 0.0, and give the node id back."""
+    from seeder.retrieve.khop_kernels import descending_keys
 
-    rng = np.random.default_rng(5)
-    nf, qf = normalised(rng, 300, 16), normalised(rng, 20, 16)
-    # Nodes 0..9 appear for every query (the shared-product path), the rest once each.
-    nodes = np.concatenate([np.tile(np.arange(10), 20), rng.integers(10, 300, 400)])
-    rows = np.concatenate([np.repeat(np.arange(20), 10), rng.integers(0, 20, 400)])
-    want = np.einsum("ij,ij->i", nf[nodes].astype(np.float64), qf[rows].astype(np.float64))
-    for shared in (True, False):
-        np.testing.assert_allclose(node_query_cosines(nf, nodes, qf, rows, 64, shared), want, atol=1e-6)
-    # The chunk is a cache setting: each pair's sum is the same whatever the chunk, to the bit, so
-    # subgraphs do not depend on it.
-    gathered = node_query_cosines(nf, nodes, qf, rows, share_frequent=False)
-    for chunk in (1, 7, 64, 4096):
-        np.testing.assert_array_equal(node_query_cosines(nf, nodes, qf, rows, chunk, False), gathered)
-    values = np.array([0.5, -0.5, 0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 0.5], np.float32)
-    order = np.argsort(_descending_bits(values), kind="stable")
-    assert order.tolist() == [4, 0, 8, 6, 2, 3, 7, 1, 5]  # descending; equal values keep input order
+    kg, _, rng = random_graph
+    nf, rf, qf = normalised(rng, kg.num_nodes, 16), normalised(rng, 2 * kg.num_relations, 16), normalised(rng, 9, 16)
+    seeds = rng.integers(0, kg.num_nodes, (9, 2))
+    cfgs = [ExpandConfig(budget=15, hops=2, keep_per_hop=[5, 9], batch_queries=b) for b in (1, 4, 9)]
+    runs = [run(kg, nf, rf, qf, seeds, cfg) for cfg in cfgs]
+    for other in runs[1:]:
+        for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
+            np.testing.assert_array_equal(getattr(other, name), getattr(runs[0], name), err_msg=name)
+    values = np.array([0.5, -0.5, 0.0, -0.0, 1.0, -1.0, 1e-30, -1e-30, 0.5, 3.4e38, -3.4e38], np.float32)
+    nodes = np.arange(len(values), dtype=np.int64)
+    nodes[-1] = (1 << 32) - 1  # the largest id a key holds
+    keys = descending_keys(values, nodes)
+    assert np.argsort(keys).tolist() == [9, 4, 0, 8, 6, 2, 3, 7, 1, 5, 10]  # descending; ties by node id
+    assert (keys & 0xFFFFFFFF).tolist() == nodes.tolist()
 
 
 def test_no_queries_and_no_seeds(random_graph):
@@ -178,33 +198,86 @@ def test_no_queries_and_no_seeds(random_graph):
 
 
 @pytest.mark.parametrize("parent_term", ["similarity", "score"])
-def test_packed_sorts_equal_the_long_way_with_ties(random_graph, monkeypatch, parent_term):
-    """The packed-key sorts (max per node, top b_h, induced edges) select exactly what the lexsort /
-    stable-argsort fallback selects, in the same order, when many scores tie exactly."""
-    import seeder.retrieve.khop as khop
-
-    kg, _, rng = random_graph
+def test_exact_ties_break_by_node_id_as_the_reference(random_graph, parent_term):
+    """When many scores tie exactly, the selection and its order are the brute-force reference's:
+    ties go to the smaller node id, at every hop, including candidates carried from earlier hops."""
+    kg, edges, rng = random_graph
     # Few distinct feature rows and relation rows: many candidates share their score exactly, so the
     # order rests on the id tie-break.
     nf = normalised(rng, 4, 8)[rng.integers(0, 4, kg.num_nodes)]
     rf = normalised(rng, 2, 8)[rng.integers(0, 2, 2 * kg.num_relations)]
     qf = normalised(rng, 9, 8)
     seeds = rng.integers(0, kg.num_nodes, (9, 3))
-    cfg = ExpandConfig(budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term)
-    fast = run(kg, nf, rf, qf, seeds, cfg)
-    assert len(np.unique(fast.score)) < 0.6 * len(fast.score)  # ties really happen
-    monkeypatch.setattr(khop, "_packed_keys", lambda fields: None)
-    slow = run(kg, nf, rf, qf, seeds, cfg)
-    for name in ("node_ptr", "nodes", "hop", "score", "edge_ptr", "edge_src", "edge_dst", "edge_rel"):
-        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    # Unequal weights: with w1 = w2, u and v swapping feature rows tie in exact arithmetic but round
+    # differently in float32 (the sum's order differs), which is no tie to break.
+    cfg = ExpandConfig(budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term,
+                       weights=[0.5, 0.3, 0.2])
+    got = run(kg, nf, rf, qf, seeds, cfg)
+    assert len(np.unique(got.score)) < 0.6 * len(got.score)  # ties really happen
+    for q, (nodes, hops, scores) in enumerate(reference_expand(kg, nf, rf, qf, seeds, cfg)):
+        lo, hi = got.node_ptr[q], got.node_ptr[q + 1]
+        assert got.nodes[lo:hi].tolist() == nodes
+        assert got.hop[lo:hi].tolist() == hops
+        np.testing.assert_allclose(got.score[lo:hi], scores, atol=1e-5)
+        e_lo, e_hi = got.edge_ptr[q], got.edge_ptr[q + 1]
+        edge_fields = (got.edge_src[e_lo:e_hi], got.edge_dst[e_lo:e_hi], got.edge_rel[e_lo:e_hi])
+        as_global = [(nodes[s], nodes[d], int(r)) for s, d, r in zip(*edge_fields)]
+        assert sorted(as_global) == sorted(induced_reference(edges, nodes))
 
 
-def test_learned_filter_packed_sort_equals_the_long_way_with_ties(random_graph, monkeypatch):
-    """With the relation-path prior's terms, the packed (key, edge term) argsort picks each node's
-    best edge and, among edges tied at it, the smallest trie node, exactly as the three-key lexsort."""
+def reference_expand_learned(kg, nf, qf, seeds, cfg, terms, children, ends):
+    """The learned relation-path filter, per query, as plainly as possible: each selected node keeps
+    the trie node of its best path; a hop reads only the edges of the previous hop's nodes (nothing
+    carried); among a node's edges tied at its best term, the smallest trie node names its path.
+    Also returns how often such a tie between different trie nodes came up."""
+    from seeder.retrieve.prior import OFF_PATH_TERM
+
+    indptr, nbrs, rels = np.asarray(kg.indptr), np.asarray(kg.neighbors), np.asarray(kg.edge_relations)
+    w1, w2, w3 = cfg.weights
+    out, tied_paths = [], 0
+    for q in range(len(qf)):
+        sim = lambda u: float(np.dot(nf[u].astype(np.float64), qf[q]))  # noqa: E731
+        nodes, hops, scores, tries = [], [], [], []
+        for s in seeds[q]:
+            if s >= 0 and s not in nodes and len(nodes) < cfg.budget:
+                nodes.append(int(s)), hops.append(0), scores.append(sim(s)), tries.append(0)
+        parent = {v: sim(v) for v in nodes}
+        trie_of = {v: 0 for v in nodes}
+        frontier = list(nodes)
+        for h in range(1, cfg.hops + 1):
+            best = {}  # u -> (edge term, trie node)
+            for v in frontier:
+                for p in range(indptr[v], indptr[v + 1]):
+                    u, r = int(nbrs[p]), int(rels[p])
+                    if u in parent:
+                        continue
+                    child = int(children[trie_of[v], r]) if trie_of[v] >= 0 else -1
+                    path = float(terms[q, child]) if child >= 0 else OFF_PATH_TERM
+                    term = w2 * parent[v] + w3 * path
+                    old = best.get(u)
+                    tied_paths += old is not None and term == old[0] and child != old[1]
+                    if old is None or term > old[0] or (term == old[0] and child < old[1]):
+                        best[u] = (term, child)
+            ranked = sorted(best, key=lambda u: (-(w1 * sim(u) + best[u][0]), u))
+            room = min(cfg.keep_per_hop[h - 1], cfg.budget - len(nodes))
+            frontier = ranked[:room]
+            for u in frontier:
+                score = w1 * sim(u) + best[u][0]
+                nodes.append(u), hops.append(h), scores.append(score), tries.append(best[u][1])
+                parent[u] = score if cfg.parent_term == "score" else sim(u)
+                trie_of[u] = best[u][1]
+        path_end = [float(ends[q, t]) if t >= 0 else OFF_PATH_TERM for t in tries]
+        out.append((nodes, hops, scores, path_end))
+    return out, tied_paths
+
+
+@pytest.mark.parametrize("parent_term", ["similarity", "score"])
+def test_learned_filter_matches_brute_force_reference_with_ties(random_graph, parent_term):
+    """With the relation-path prior's terms: the same nodes, order, scores and path ends as the
+    reference, with parents tied on their terms (the smallest trie node names a node's path)."""
     import seeder.retrieve.khop as khop
 
-    kg, _, rng = random_graph
+    kg, edges, rng = random_graph
     nf = normalised(rng, 3, 8)[rng.integers(0, 3, kg.num_nodes)]
     rf = normalised(rng, 2 * kg.num_relations, 8)
     qf, seeds = normalised(rng, 6, 8), rng.integers(0, kg.num_nodes, (6, 2))
@@ -213,22 +286,22 @@ def test_learned_filter_packed_sort_equals_the_long_way_with_ties(random_graph, 
     children = np.where(rng.random((size, 2 * kg.num_relations)) < 0.5, rng.integers(1, size, (size, 2 * kg.num_relations)), -1)
     terms = rng.choice(np.array([-1.0, -0.5, 0.0], np.float32), (len(qf), size))
     ends = rng.standard_normal((len(qf), size)).astype(np.float32)
-    cfg = ExpandConfig(budget=16, hops=3, keep_per_hop=[4, 5, 7], relation_score="learned")
-    graph = GraphIndex.build(kg)
-
-    def expand():
-        return khop.expand_batch(graph, nf, rf, qf, seeds, cfg, path_terms=terms, trie_children=children, end_terms=ends)
-
-    fast = expand()
-    assert len(np.unique(fast["path_end"])) < len(fast["path_end"])  # nodes share a path
-    monkeypatch.setattr(khop, "_packed_keys", lambda fields: None)
-    slow = expand()
-    for name in ("node_ptr", "nodes", "hop", "score", "path_end", "edge_src", "edge_dst", "edge_rel"):
-        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
-
-
-def test_descending_bits_round_trip():
-    from seeder.retrieve.khop import _descending_bits, _from_descending_bits
-
-    values = np.array([0.5, -0.5, 0.0, 1.0, -1.0, 1e-30, -1e-30, 3.4e38, -3.4e38], np.float32)
-    np.testing.assert_array_equal(_from_descending_bits(_descending_bits(values)), values)
+    cfg = ExpandConfig(budget=16, hops=3, keep_per_hop=[4, 5, 7], relation_score="learned", parent_term=parent_term,
+                       weights=[0.5, 0.3, 0.2])  # unequal: see test_exact_ties_break_by_node_id_as_the_reference
+    got = khop.expand_batch(GraphIndex.build(kg), nf, rf, qf, seeds, cfg,
+                            path_terms=terms, trie_children=children, end_terms=ends)
+    assert len(np.unique(got["path_end"])) < len(got["path_end"])  # nodes share a path
+    want, tied_paths = reference_expand_learned(kg, nf, qf, seeds, cfg, terms, children, ends)
+    assert tied_paths > 0  # the smallest-trie-node rule is exercised
+    for q, (nodes, hops, scores, path_end) in enumerate(want):
+        lo, hi = got["node_ptr"][q], got["node_ptr"][q + 1]
+        assert got["nodes"][lo:hi].tolist() == nodes
+        assert got["hop"][lo:hi].tolist() == hops
+        np.testing.assert_allclose(got["score"][lo:hi], scores, atol=1e-5)
+        np.testing.assert_array_equal(got["path_end"][lo:hi], np.float32(path_end))
+        assert (got["query"][lo:hi] == q).all()
+        e_lo, e_hi = got["edge_ptr"][q], got["edge_ptr"][q + 1]
+        edge_fields = (got["edge_src"][e_lo:e_hi], got["edge_dst"][e_lo:e_hi], got["edge_rel"][e_lo:e_hi])
+        as_global = [(nodes[s], nodes[d], int(r)) for s, d, r in zip(*edge_fields)]
+        assert as_global == sorted(as_global, key=lambda e: (nodes.index(e[0]), nodes.index(e[1]), e[2]))
+        assert set(as_global) == induced_reference(edges, nodes)
