@@ -114,7 +114,7 @@ def time_batched(data: QueryData, config: SeederConfig, pool: np.ndarray, steps:
         sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
         with open(profile, "a") as out:
             out.write(f"\n# batch_size={cfg.batch_size}, 3 steps\n")
-            out.write(prof.key_averages().table(sort_by=sort, row_limit=30))
+            out.write(prof.key_averages().table(sort_by=sort, row_limit=45))
     trajectories = sum(len(index) for index in batches[2:]) * cfg.num_trajectories
     return trajectories / seconds, seconds / steps, load_seconds / steps, state
 

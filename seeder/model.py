@@ -14,70 +14,26 @@ modulates its keys and values with an embedding of its relation text and directi
 inverse direction), the query and the source's state, so a rollout projects the ``B x S x 2R``
 relation rows once per layer for all its steps and gathers them per edge.
 
-The per-target softmax and sum are two scatter kernels of plain torch (``segment_softmax``,
-``segment_sum``): the same kernels PyG's pure-torch path runs on CPU, without importing PyG, whose
-import took longer than loading a model.
+The attention itself (gathers per edge, the softmax over each target's incoming edges, the sum of the
+messages) is ``seeder.edge_attention.edge_attention``: fused compiled kernels on the CPU, torch ops on
+a GPU and under torch.compile.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from seeder.config import ConfigError, ModelConfig
+from seeder.dropout import ByteDropout
+from seeder.edge_attention import EdgeIndex, edge_attention, edge_index_for
 
 # Hop distances above this share one embedding (the bounded subgraphs have K <= 3 in the paper).
 MAX_HOP = 4
 # Expansion steps with their own state embedding (the paper uses T <= 3); later steps share the last.
 MAX_STEPS = 6
-
-
-def _per_row(index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``index`` (``[E]``) broadcast over the trailing dimensions of ``src`` (``[E, ...]``), as scatter wants."""
-    return index.view(-1, *([1] * (src.dim() - 1))).expand_as(src)
-
-
-def segment_sum(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """Sum the rows of ``src`` (``[E, ...]``) into ``num_segments`` rows by ``index`` (``[E]``)."""
-    return src.new_zeros((num_segments, *src.shape[1:])).scatter_add_(0, _per_row(index, src), src)
-
-
-def segment_softmax(src: torch.Tensor, index: torch.Tensor, num_segments: int) -> torch.Tensor:
-    """Softmax of ``src`` (``[E, ...]``) over the rows that share an ``index``: each target node's
-    incoming edges. The maximum is subtracted per segment for stability (no gradient through it)."""
-    peak = src.new_zeros((num_segments, *src.shape[1:])).scatter_reduce_(
-        0, _per_row(index, src), src.detach(), reduce="amax", include_self=False)
-    out = (src - peak.index_select(0, index)).exp()
-    return out / (segment_sum(out, index, num_segments) + 1e-16).index_select(0, index)
-
-
-class ByteDropout(nn.Module):
-    """Dropout whose mask comes from random bytes, eight from each 64-bit draw.
-
-    nn.Dropout draws one random number per element (``bernoulli_``), which was 28% of a MetaQA training
-    step on CPU; this draws an eighth as many and is about 4x faster. ``p`` is rounded to a multiple of
-    1/256 (0.1 -> 26/256), and kept values are scaled by 256 / (256 - 26), so the expectation is kept
-    exactly as with nn.Dropout. The identity in eval mode or with p = 0."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {p}")
-        self.p = p
-        self.threshold = round(p * 256)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.threshold == 0 or x.numel() == 0:
-            return x
-        words = torch.randint(-(2**63), 2**63 - 1, ((x.numel() + 7) // 8,), dtype=torch.int64, device=x.device)
-        keep = words.view(torch.uint8)[: x.numel()].view(x.shape) >= self.threshold
-        return x * (keep.to(x.dtype) * (256 / (256 - self.threshold)))
-
-    def extra_repr(self) -> str:
-        return f"p={self.threshold}/256"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -130,21 +86,14 @@ class EdgeModulatedAttention(nn.Module):
         return (self.edge_key(relation_rows).view(-1, heads, dh),
                 self.edge_value(relation_rows).view(-1, heads, dh))
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_type: torch.Tensor,
-                tables: tuple[torch.Tensor, torch.Tensor]):
+    def forward(self, x: torch.Tensor, edges: EdgeIndex, tables: tuple[torch.Tensor, torch.Tensor]):
         n, heads, dh = x.shape[0], self.num_heads, self.head_dim
-        src, dst = edge_index[0], edge_index[1]
         # Q, K and V as one product: a third of the kernel launches, which dominate a single question.
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        q, k, v = linear(x, weight, bias).view(n, 3, heads, dh).unbind(1)
-        # index_select, not x[idx]: its backward is an index_add, several times faster on CPU than the
-        # accumulating index_put of advanced indexing.
-        ek, ev = (table.index_select(0, edge_type) for table in tables)
-        logits = (q.index_select(0, dst) * k.index_select(0, src) * ek).sum(-1) / math.sqrt(dh)  # [E, H]
-        alpha = self.dropout(segment_softmax(logits, dst, n))
-        messages = alpha.unsqueeze(-1) * (v.index_select(0, src) + ev)
-        aggregated = segment_sum(messages, dst, n).reshape(n, heads * dh)
+        qkv = linear(x, weight, bias).view(n, 3, heads, dh)
+        keep = self.dropout.mask((len(edges.src), heads), x)  # dropout on the attention weights
+        aggregated = edge_attention(qkv, *tables, edges, keep).reshape(n, heads * dh)
         x = self.norm_attention(x + self.dropout(self.out(aggregated)))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
 
@@ -289,8 +238,9 @@ class SeedERPolicy(nn.Module):
             # One state: the row is the edge type itself. Spelled out, the arithmetic was fused into every
             # element of every layer's edge kernels (a division and a modulo per float) by torch.compile.
             typed = edge_type
+        edges = edge_index_for(edge_index[0], edge_index[1], typed, len(x), x)
         for layer, layer_tables in zip(self.layers, tables.layers):
-            x = layer(x, edge_index, typed, layer_tables)
+            x = layer(x, edges, layer_tables)
         return x
 
     def expansion_logits(self, h: torch.Tensor, query_ctx: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seeder.config import ModelConfig
-from seeder.model import ByteDropout, SeedERPolicy, count_parameters, linear, segment_softmax, segment_sum
+from seeder.model import SeedERPolicy, count_parameters, linear
 
 
 def graph(num_nodes: int, num_edges: int, dim: int, num_relations: int, seed: int):
@@ -121,22 +121,6 @@ def test_bad_config_is_a_clear_error():
         SeedERPolicy(8, ModelConfig(hidden_dim=15, num_heads=2))
 
 
-def test_segment_softmax_and_sum_match_a_per_target_loop():
-    torch.manual_seed(0)
-    index = torch.tensor([3, 0, 3, 3, 1, 0, 3])  # target 2 has no incoming edge
-    logits = torch.randn(7, 2, dtype=torch.float64) * 50  # large values: the per-segment maximum matters
-    alpha = segment_softmax(logits, index, 4)
-    for target in range(4):
-        rows = index == target
-        if rows.any():
-            torch.testing.assert_close(alpha[rows], torch.softmax(logits[rows], dim=0))
-    messages = torch.randn(7, 2, 3, dtype=torch.float64)
-    summed = segment_sum(messages, index, 4)
-    for target in range(4):
-        torch.testing.assert_close(summed[target], messages[index == target].sum(0))
-    assert torch.isfinite(alpha).all() and (summed[2] == 0).all()
-
-
 def test_the_path_end_residual_adds_its_learnt_weight_times_path_end():
     """model.path_end_residual: the final score is the scoring head's score plus w * path_end, w learnt
     from 1; without it the score is the head's alone (the paper's)."""
@@ -176,24 +160,6 @@ def test_encode_nodes_equals_the_input_projection_of_each_nodes_own_inputs(injec
     want = model.input_proj(inputs)
     got = model.encode_nodes(text, queries, owner, hop, score, path_end)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
-def test_byte_dropout_drops_p_of_the_values_and_keeps_the_expectation():
-    torch.manual_seed(0)
-    drop = ByteDropout(0.1).train()
-    x = torch.ones(1000, 300)
-    y = drop(x)
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 26 / 256) < 0.003  # p rounded to 26/256
-    assert abs(y.mean().item() - 1.0) < 0.005  # kept values scaled by 256/230
-    assert not torch.equal(drop(x), y)  # a fresh mask per call
-    x.requires_grad_(True)
-    out = drop(x)
-    out.sum().backward()
-    assert torch.equal(x.grad, out.detach())  # the gradient is the same mask and scale (x is all ones)
-    assert torch.equal(drop.eval()(x), x) and torch.equal(ByteDropout(0.0).train()(x), x)
-    with pytest.raises(Exception, match="model.dropout"):
-        ByteDropout(1.0)
 
 
 def test_linear_adds_the_bias_outside_the_product_when_compiled_and_agrees_with_nn_linear():
