@@ -114,7 +114,10 @@ def group_edges(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor, n
     return EdgeGroups(*_group(*arrays, num_nodes))
 
 
-_MATH = {"reassoc", "contract"}  # sums over D in any order, multiply-adds fused
+_MATH = {"reassoc", "contract"}
+"""Sums over D in any order and fused multiply-adds, so the loops over D vectorise. The kernels that
+inline the per-node helpers need the flags too: inlined code is compiled with the caller's (without
+them, 2.3-2.6 ms forward and 3.6 ms backward on a 23K-edge MetaQA propagation, 2.0 and 2.9-3.0 with)."""
 
 
 @njit(cache=True, nogil=True, fastmath=_MATH, inline="always")
@@ -210,19 +213,19 @@ def _source_bounds(source_ptr, parts):
 # launches one from two threads at once (numba's fallback threading layer, workqueue, cannot).
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_MATH)
 def _forward_parallel(qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha):
     for i in prange(qkv.shape[0]):
         _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_MATH)
 def _forward_serial(qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha):
     for i in range(qkv.shape[0]):
         _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_MATH)
 def _backward_parallel(qkv, edge_key, edge_value, ptr, src, dst, edge_type, keep, order, scale, alpha, grad,
                        source_ptr, by_source, d_qkv, d_logit, key_parts, value_parts):
     for i in prange(qkv.shape[0]):
@@ -238,7 +241,7 @@ def _backward_parallel(qkv, edge_key, edge_value, ptr, src, dst, edge_type, keep
                              by_source, d_qkv, key_parts, value_parts)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=_MATH)
 def _backward_serial(qkv, edge_key, edge_value, ptr, src, dst, edge_type, keep, order, scale, alpha, grad,
                      source_ptr, by_source, d_qkv, d_logit, key_parts, value_parts):
     for i in range(qkv.shape[0]):
