@@ -3,7 +3,9 @@
 Builds two random graphs in memory with numpy (no disk): a large one (default 1M nodes, 10M edges)
 and a small one (default 100K nodes, same mean degree), each with a few hubs of ``--hub-degree``
 neighbours, random L2-normalised features, and random seeds. It expands the same number of queries
-on each with the default expansion config (budget B=200, K=2) on one thread, and prints (from CPU time, which a busy shared machine inflates less than wall time)
+on each with the default expansion config (budget B=200, K=2) on one thread, ``--repeats`` times with
+the two graphs taking turns (so that a machine whose speed drifts weighs on both alike), and prints,
+from the best run of each (CPU time, which a busy shared machine inflates less than wall time),
 
 - subgraphs/second/core on the large graph (goal: >= 1,500),
 - per-query cost on the large graph / on the small one (goal: <= 1.2); hubs keep the same share
@@ -27,6 +29,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seeder.config import ExpandConfig  # noqa: E402
+from seeder.progress import Progress  # noqa: E402
 from seeder.retrieve.khop import GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
 from seeder.store import build_csr  # noqa: E402
 
@@ -62,43 +65,56 @@ def random_graph(nodes: int, edges: int, relations: int, hubs: int, hub_degree: 
     return kg, normalised(rng, nodes, dim), normalised(rng, 2 * relations, dim), hub_ids
 
 
-def measure(kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str) -> dict:
-    rng = np.random.default_rng(args.seed + 1)
-    qf = normalised(rng, args.queries, nf.shape[1])
-    seeds = rng.integers(0, kg.num_nodes, (args.queries, 3))
-    # Some queries start at a hub, the expensive case the caps are for.
-    with_hub = rng.random(args.queries) < args.hub_seed_frac
-    seeds[with_hub, 0] = rng.choice(hub_ids, with_hub.sum()) if len(hub_ids) else seeds[with_hub, 0]
-    graph = GraphIndex.build(kg)
-    answer_ptr = np.arange(args.queries + 1)
-    answers = rng.integers(0, kg.num_nodes, args.queries)
-    common = dict(
-        query_ids=np.arange(args.queries), splits=np.array(["train"] * args.queries, dtype=object),
-        answer_ptr=answer_ptr, answers=answers, graph=graph,
-    )
-    warm = min(cfg.batch_queries, args.queries)
-    expand_queries(kg, nf, rf, qf[:warm], seeds[:warm], None, cfg, **{**common, "query_ids": np.arange(warm),
-                   "splits": common["splits"][:warm], "answer_ptr": answer_ptr[: warm + 1], "answers": answers[:warm]})
-    best = best_wall = np.inf
-    for _ in range(args.repeats):
+class Workload:
+    """One graph's queries, warmed up, ready to be timed again and again."""
+
+    def __init__(self, kg, nf, rf, hub_ids, args, cfg: ExpandConfig, label: str):
+        rng = np.random.default_rng(args.seed + 1)
+        self.kg, self.nf, self.rf, self.cfg, self.label = kg, nf, rf, cfg, label
+        self.queries = args.queries
+        self.qf = normalised(rng, args.queries, nf.shape[1])
+        self.seeds = rng.integers(0, kg.num_nodes, (args.queries, 3))
+        # Some queries start at a hub, the expensive case the caps are for.
+        with_hub = rng.random(args.queries) < args.hub_seed_frac
+        self.seeds[with_hub, 0] = rng.choice(hub_ids, with_hub.sum()) if len(hub_ids) else self.seeds[with_hub, 0]
+        self.graph = GraphIndex.build(kg)
+        answer_ptr = np.arange(args.queries + 1)
+        answers = rng.integers(0, kg.num_nodes, args.queries)
+        self.common = dict(
+            query_ids=np.arange(args.queries), splits=np.array(["train"] * args.queries, dtype=object),
+            answer_ptr=answer_ptr, answers=answers, graph=self.graph,
+        )
+        self.warm = warm = min(cfg.batch_queries, args.queries)
+        expand_queries(kg, nf, rf, self.qf[:warm], self.seeds[:warm], None, cfg, **{
+            **self.common, "query_ids": np.arange(warm), "splits": self.common["splits"][:warm],
+            "answer_ptr": answer_ptr[: warm + 1], "answers": answers[:warm]})
+        self.cpu, self.wall = [], []
+
+    def run(self) -> None:
+        """Expand every query once; keeps the CPU seconds (robust to a shared machine) and wall seconds."""
         start, start_wall = time.process_time(), time.perf_counter()
-        sg = expand_queries(kg, nf, rf, qf, seeds, None, cfg, **common)
-        best = min(best, time.process_time() - start)  # CPU seconds: robust to a shared machine
-        best_wall = min(best_wall, time.perf_counter() - start_wall)
-    # Split of the time: the hop loop alone vs. the induced edges alone, on one batch.
-    b = slice(0, warm)
-    t0 = time.process_time()
-    out = expand_batch(graph, nf, rf, qf[b], seeds[b], cfg)
-    t1 = time.process_time()
-    induced_edges(graph, out["nodes"], out["node_ptr"])
-    t2 = time.process_time()
-    per_query_ms = 1e3 * best / args.queries
-    print(
-        f"{label:6s} N={kg.num_nodes:>9,} E={kg.num_edges:>11,}  {args.queries / best:8.0f} subgraphs/s/core  "
-        f"{per_query_ms:.3f} CPU ms/query ({1e3 * best_wall / args.queries:.3f} wall)  size {sg.sizes.mean():.1f}  induced edges {np.diff(sg.edge_ptr).mean():.1f}  "
-        f"induced-edge share {(t2 - t1) / (t1 - t0):.0%}"
-    )
-    return {"per_query_ms": per_query_ms, "rate": args.queries / best}
+        self.subgraphs = expand_queries(self.kg, self.nf, self.rf, self.qf, self.seeds, None, self.cfg, **self.common)
+        self.cpu.append(time.process_time() - start)
+        self.wall.append(time.perf_counter() - start_wall)
+
+    def report(self) -> dict:
+        # Split of the time: the hop loop alone vs. the induced edges alone, on one batch.
+        b = slice(0, self.warm)
+        t0 = time.process_time()
+        out = expand_batch(self.graph, self.nf, self.rf, self.qf[b], self.seeds[b], self.cfg)
+        t1 = time.process_time()
+        induced_edges(self.graph, out["nodes"], out["node_ptr"])
+        t2 = time.process_time()
+        best = min(self.cpu)
+        per_query_ms = 1e3 * best / self.queries
+        sg = self.subgraphs
+        print(
+            f"{self.label:6s} N={self.kg.num_nodes:>9,} E={self.kg.num_edges:>11,}  {self.queries / best:8.0f} subgraphs/s/core  "
+            f"{per_query_ms:.3f} CPU ms/query ({1e3 * min(self.wall) / self.queries:.3f} wall; runs "
+            f"{', '.join(f'{self.queries / c:.0f}' for c in self.cpu)})  size {sg.sizes.mean():.1f}  induced edges "
+            f"{np.diff(sg.edge_ptr).mean():.1f}  induced-edge share {(t2 - t1) / (t1 - t0):.0%}"
+        )
+        return {"per_query_ms": per_query_ms, "rate": self.queries / best}
 
 
 def main() -> None:
@@ -116,21 +132,28 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--budget", type=int, default=200)
     parser.add_argument("--batch-queries", type=int, default=ExpandConfig().batch_queries)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=4, help="timed runs per graph, taken in turns; the best counts")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     cfg = ExpandConfig(budget=args.budget, batch_queries=args.batch_queries)
     print(f"expand config: budget {cfg.budget}, hops {cfg.hops}, keep_per_hop {cfg.keep_per_hop}, "
           f"neighbor_cap {cfg.neighbor_cap}, candidate_cap {cfg.candidate_cap}, batch {cfg.batch_queries}")
-    results = {}
+    workloads = []
     for label, nodes in (("small", args.small_nodes), ("large", args.nodes)):
         edges = int(round(args.edges * nodes / args.nodes))
         start = time.perf_counter()
         hub_degree = int(round(args.hub_degree * nodes / args.nodes))  # same share of the graph at both sizes
         kg, nf, rf, hubs = random_graph(nodes, edges, args.relations, args.hubs, hub_degree, args.dim, args.seed)
         print(f"{label}: built in {time.perf_counter() - start:.1f} s")
-        results[label] = measure(kg, nf, rf, hubs, args, cfg, label)
-        del kg, nf
+        workloads.append(Workload(kg, nf, rf, hubs, args, cfg, label))
+    # The graphs take turns, so that a machine whose speed drifts during the run weighs on both alike:
+    # the ratio compares the best run of each.
+    with Progress(args.repeats * len(workloads), "timed runs, the graphs in turn", unit="run") as bar:
+        for _ in range(args.repeats):
+            for workload in workloads:
+                workload.run()
+                bar.update()
+    results = {w.label: w.report() for w in workloads}
     ratio = results["large"]["per_query_ms"] / results["small"]["per_query_ms"]
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"subgraphs/s/core at N={args.nodes:,}: {results['large']['rate']:.0f} (goal >= 1,500)")
