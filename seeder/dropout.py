@@ -18,58 +18,29 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, uint64
 from torch import nn
 
 from seeder.config import ConfigError
-
-_GOLDEN = uint64(0x9E3779B97F4A7C15)
-_MIX_1 = uint64(0xBF58476D1CE4E5B9)
-_MIX_2 = uint64(0x94D049BB133111EB)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _word(seed, index):
-    """SplitMix64's output for counter ``seed + index``: eight random bytes."""
-    z = seed + uint64(index) * _GOLDEN
-    z = (z ^ (z >> uint64(30))) * _MIX_1
-    z = (z ^ (z >> uint64(27))) * _MIX_2
-    return z ^ (z >> uint64(31))
-
-
-@njit(cache=True, nogil=True)
-def _apply_mask(x, seed, threshold, scale, out):
-    """out = x * scale where the element's byte is >= threshold, else 0 (x, out flat, float32).
-    Serial: one pass runs at about 0.3 ns an element, less than a parallel region's start-up costs on
-    the tensors of a training step (137 against 226 us for 473K values on two threads)."""
-    n, full = len(x), len(x) // 8
-    cut = uint64(threshold)
-    for w in range(full):  # whole words, without a bounds test per byte, so that LLVM vectorises
-        bits = _word(seed, w)
-        for b in range(8):
-            keep = ((bits >> uint64(8 * b)) & uint64(255)) >= cut
-            out[w * 8 + b] = x[w * 8 + b] * (scale if keep else np.float32(0.0))
-    if full * 8 < n:
-        bits = _word(seed, full)
-        for i in range(full * 8, n):
-            keep = ((bits >> uint64(8 * (i - full * 8))) & uint64(255)) >= cut
-            out[i] = x[i] * (scale if keep else np.float32(0.0))
 
 
 class _CpuByteDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, seed, threshold, scale):
+        from seeder.policy_kernels import apply_dropout_mask  # numba, loaded on the CPU path only
+
         flat = x.detach().contiguous().view(-1).numpy()
         out = np.empty_like(flat)
-        _apply_mask(flat, seed, threshold, scale, out)
+        apply_dropout_mask(flat, seed, threshold, scale, out)
         ctx.mask = (seed, threshold, scale)
         return torch.from_numpy(out).view(x.shape)
 
     @staticmethod
     def backward(ctx, grad):
+        from seeder.policy_kernels import apply_dropout_mask
+
         flat = grad.contiguous().view(-1).numpy()
         out = np.empty_like(flat)
-        _apply_mask(flat, *ctx.mask, out)
+        apply_dropout_mask(flat, *ctx.mask, out)
         return torch.from_numpy(out).view(grad.shape), None, None, None
 
 
@@ -104,7 +75,7 @@ class ByteDropout(nn.Module):
         if not self.active(x.numel()):
             return x
         if _compiled_path(x):
-            seed = uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
+            seed = np.uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
             return _CpuByteDropout.apply(x, seed, self.threshold, np.float32(self.scale))
         words = torch.randint(-(2**63), 2**63 - 1, ((x.numel() + 7) // 8,), dtype=torch.int64, device=x.device)
         keep = words.view(torch.uint8)[: x.numel()].view(x.shape) >= self.threshold

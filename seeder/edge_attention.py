@@ -11,8 +11,9 @@ edge tables per edge, their products, and scatter-adds back to the nodes. On a C
 memory were most of a training step (per-edge products, scatter-adds and index_select's backward
 together over 40% of a MetaQA step, spread over some twenty kernels). Here one compiled pass over the
 edges, grouped by target, computes a target's logits, softmax and messages while its rows are in the
-cache, and the backward is one more such pass: only [E, H] logits and probabilities are kept in
-between, and nothing of size [E, H, D] is ever written.
+cache, and the backward is two such passes (over targets, then over sources): only [E, H] logits
+and probabilities are kept in between, and nothing of size [E, H, D] is ever written. The kernels are in ``seeder.policy_kernels``,
+loaded on the CPU path only.
 
 The softmax is the same as the torch path's: the maximum is subtracted per target (no gradient
 through it) and the normaliser is the sum plus 1e-16; dropout multiplies the probabilities by a mask
@@ -26,10 +27,8 @@ import math
 
 from typing import NamedTuple
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
 
 
 def edge_attention_torch(qkv: torch.Tensor, edge_key: torch.Tensor, edge_value: torch.Tensor, src: torch.Tensor,
@@ -83,197 +82,41 @@ class EdgeGroups(NamedTuple):
     by_source: np.ndarray  # [E] grouped positions, ordered by source
 
 
-@njit(cache=True, nogil=True)
-def _counting_order(keys: np.ndarray, num_keys: int):
-    """Offsets [num_keys + 1] and the stable order of ``keys`` sorted (a counting sort)."""
-    ptr = np.zeros(num_keys + 1, np.int64)
-    for e in range(len(keys)):
-        ptr[keys[e] + 1] += 1
-    for i in range(num_keys):
-        ptr[i + 1] += ptr[i]
-    fill = ptr[:-1].copy()
-    order = np.empty(len(keys), np.int64)
-    for e in range(len(keys)):
-        slot = fill[keys[e]]
-        order[slot] = e
-        fill[keys[e]] = slot + 1
-    return ptr, order
-
-
-@njit(cache=True, nogil=True)
-def _group(src: np.ndarray, dst: np.ndarray, edge_type: np.ndarray, num_nodes: int):
-    ptr, order = _counting_order(dst, num_nodes)
-    grouped_src = src[order]
-    source_ptr, by_source = _counting_order(grouped_src, num_nodes)
-    return ptr, grouped_src, dst[order], edge_type[order], order, source_ptr, by_source
-
-
 def group_edges(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor, num_nodes: int) -> EdgeGroups:
     """Group the edges by target, and the grouped edges by source (once per propagation)."""
+    from seeder import policy_kernels as kernels
+
     arrays = (t.long().contiguous().numpy() for t in (src, dst, edge_type))
-    return EdgeGroups(*_group(*arrays, num_nodes))
-
-
-_MATH = {"reassoc", "contract"}
-"""Sums over D in any order and fused multiply-adds, so the loops over D vectorise. The kernels that
-inline the per-node helpers need the flags too: inlined code is compiled with the caller's (without
-them, 2.3-2.6 ms forward and 3.6 ms backward on a 23K-edge MetaQA propagation, 2.0 and 2.9-3.0 with)."""
-
-
-@njit(cache=True, nogil=True, fastmath=_MATH, inline="always")
-def _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha):
-    """Target i's softmax over its incoming edges into alpha[p] (before dropout) and its messages'
-    sum into out[i]. ``keep`` is the dropout mask in the original edge order ([0, H]: none)."""
-    _, _, heads, dh = qkv.shape
-    begin, end = ptr[i], ptr[i + 1]
-    for h in range(heads):
-        peak = np.float32(-np.inf)
-        for p in range(begin, end):
-            j, t = src[p], edge_type[p]
-            s = np.float32(0.0)
-            for d in range(dh):
-                s += qkv[i, 0, h, d] * qkv[j, 1, h, d] * edge_key[t, h, d]
-            s *= scale
-            alpha[p, h] = s
-            peak = max(peak, s)
-        total = np.float32(0.0)
-        for p in range(begin, end):
-            e = np.exp(alpha[p, h] - peak)
-            alpha[p, h] = e
-            total += e
-        total += np.float32(1e-16)
-        for p in range(begin, end):
-            a = alpha[p, h] / total
-            alpha[p, h] = a
-            if keep.shape[0] > 0:
-                a *= keep[order[p], h]
-            j, t = src[p], edge_type[p]
-            for d in range(dh):
-                out[i, h, d] += a * (qkv[j, 2, h, d] + edge_value[t, h, d])
-
-
-@njit(cache=True, nogil=True, fastmath=_MATH, inline="always")
-def _backward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, alpha, grad, d_qkv,
-                     d_logit):
-    """Target i's part of the backward: the softmax's backward into d_logit[p] (times 1/sqrt(D)) and
-    the gradient of its query into d_qkv[i, 0]."""
-    _, _, heads, dh = qkv.shape
-    begin, end = ptr[i], ptr[i + 1]
-    for h in range(heads):
-        # d out / d alpha through dropout (kept in d_logit for now), then sum(alpha * d_alpha).
-        weighted = np.float32(0.0)
-        for p in range(begin, end):
-            j, t = src[p], edge_type[p]
-            s = np.float32(0.0)
-            for d in range(dh):
-                s += grad[i, h, d] * (qkv[j, 2, h, d] + edge_value[t, h, d])
-            if keep.shape[0] > 0:
-                s *= keep[order[p], h]
-            d_logit[p, h] = s
-            weighted += alpha[p, h] * s
-        for p in range(begin, end):
-            j, t = src[p], edge_type[p]
-            dl = alpha[p, h] * (d_logit[p, h] - weighted) * scale
-            d_logit[p, h] = dl
-            for d in range(dh):
-                d_qkv[i, 0, h, d] += dl * qkv[j, 1, h, d] * edge_key[t, h, d]
-
-
-@njit(cache=True, nogil=True, fastmath=_MATH, inline="always")
-def _backward_source(j, part, qkv, edge_key, dst, edge_type, keep, order, alpha, grad, d_logit, source_ptr,
-                     by_source, d_qkv, key_parts, value_parts):
-    """Source j's part: the gradients of its key and value into d_qkv[j, 1:], and its edges' share of
-    the edge tables' gradients into key_parts[part], value_parts[part]."""
-    _, _, heads, dh = qkv.shape
-    for r in range(source_ptr[j], source_ptr[j + 1]):
-        p = by_source[r]
-        i, t = dst[p], edge_type[p]
-        for h in range(heads):
-            dl = d_logit[p, h]
-            a = alpha[p, h] * keep[order[p], h] if keep.shape[0] > 0 else alpha[p, h]
-            for d in range(dh):
-                q, g = qkv[i, 0, h, d], grad[i, h, d]
-                d_qkv[j, 1, h, d] += dl * q * edge_key[t, h, d]
-                d_qkv[j, 2, h, d] += a * g
-                key_parts[part, t, h, d] += dl * q * qkv[j, 1, h, d]
-                value_parts[part, t, h, d] += a * g
-
-
-@njit(cache=True, nogil=True)
-def _source_bounds(source_ptr, parts):
-    """Sources of each part: equal shares of the edges, by the sources' offsets -> [parts + 1]."""
-    num_nodes = len(source_ptr) - 1
-    bounds = np.searchsorted(source_ptr, (np.arange(parts + 1) * source_ptr[num_nodes]) // parts)
-    bounds[0], bounds[parts] = 0, num_nodes
-    return bounds
-
-
-# Each pass twice: over targets (sources) in parallel, and serially for a caller on one thread (a Ray
-# Train worker of one CPU, a retriever's part), which skips the parallel region's start-up and never
-# launches one from two threads at once (numba's fallback threading layer, workqueue, cannot).
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_MATH)
-def _forward_parallel(qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha):
-    for i in prange(qkv.shape[0]):
-        _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha)
-
-
-@njit(cache=True, nogil=True, fastmath=_MATH)
-def _forward_serial(qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha):
-    for i in range(qkv.shape[0]):
-        _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, out, alpha)
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_MATH)
-def _backward_parallel(qkv, edge_key, edge_value, ptr, src, dst, edge_type, keep, order, scale, alpha, grad,
-                       source_ptr, by_source, d_qkv, d_logit, key_parts, value_parts):
-    for i in prange(qkv.shape[0]):
-        _backward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, alpha, grad, d_qkv,
-                         d_logit)
-    # The sources' pass writes each source's rows from one part, and the edge tables into the part's own
-    # copy, which the caller sums.
-    parts = key_parts.shape[0]
-    bounds = _source_bounds(source_ptr, parts)
-    for c in prange(parts):
-        for j in range(bounds[c], bounds[c + 1]):
-            _backward_source(j, c, qkv, edge_key, dst, edge_type, keep, order, alpha, grad, d_logit, source_ptr,
-                             by_source, d_qkv, key_parts, value_parts)
-
-
-@njit(cache=True, nogil=True, fastmath=_MATH)
-def _backward_serial(qkv, edge_key, edge_value, ptr, src, dst, edge_type, keep, order, scale, alpha, grad,
-                     source_ptr, by_source, d_qkv, d_logit, key_parts, value_parts):
-    for i in range(qkv.shape[0]):
-        _backward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, order, scale, alpha, grad, d_qkv,
-                         d_logit)
-    for j in range(qkv.shape[0]):
-        _backward_source(j, 0, qkv, edge_key, dst, edge_type, keep, order, alpha, grad, d_logit, source_ptr,
-                         by_source, d_qkv, key_parts, value_parts)
+    return EdgeGroups(*kernels.group_edges(*arrays, num_nodes))
 
 
 class _FusedEdgeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, edge_key, edge_value, keep, groups: EdgeGroups, threads: int):
+        from seeder import policy_kernels as kernels  # numba, loaded on the CPU path only
+
         n, _, heads, dh = qkv.shape
         keep_array = keep.numpy() if keep is not None else np.empty((0, heads), np.float32)
         arrays = [t.detach().contiguous().numpy() for t in (qkv, edge_key, edge_value)]
         out = np.zeros((n, heads, dh), np.float32)
         alpha = np.empty((len(groups.order), heads), np.float32)
         scale = np.float32(1.0 / math.sqrt(dh))
-        forward = _forward_parallel if threads > 1 else _forward_serial
+        forward = kernels.attention_forward_parallel if threads > 1 else kernels.attention_forward_serial
         forward(*arrays, groups.ptr, groups.src, groups.edge_type, keep_array, groups.order, scale, out, alpha)
         ctx.saved = (arrays, keep_array, groups, scale, alpha, threads)
         return torch.from_numpy(out)
 
     @staticmethod
     def backward(ctx, grad):
+        from seeder import policy_kernels as kernels
+
         (qkv, edge_key, edge_value), keep, groups, scale, alpha, threads = ctx.saved
         del ctx.saved
         d_qkv, d_logit = np.zeros_like(qkv), np.empty_like(alpha)
+        # The edge tables' gradients: one copy per thread of the sources' pass, summed here.
         key_parts = np.zeros((threads, *edge_key.shape), np.float32)
         value_parts = np.zeros_like(key_parts)
-        backward = _backward_parallel if threads > 1 else _backward_serial
+        backward = kernels.attention_backward_parallel if threads > 1 else kernels.attention_backward_serial
         backward(qkv, edge_key, edge_value, groups.ptr, groups.src, groups.dst, groups.edge_type, keep, groups.order,
                  scale, alpha, grad.contiguous().numpy(), groups.source_ptr, groups.by_source, d_qkv, d_logit,
                  key_parts, value_parts)
@@ -307,6 +150,8 @@ def edge_attention(qkv: torch.Tensor, edge_key: torch.Tensor, edge_value: torch.
                    keep: torch.Tensor | None) -> torch.Tensor:
     """``edge_attention_torch``'s result, through the fused kernels where the edges were grouped for them."""
     if edges.groups is not None and fused_supported(qkv):
+        import numba
+
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # torch's budget (one per Ray Train CPU)
         if threads > 1:
             numba.set_num_threads(threads)  # per calling thread

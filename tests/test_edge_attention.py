@@ -88,3 +88,13 @@ def test_other_dtypes_and_devices_run_the_torch_ops():
     torch.testing.assert_close(got, edge_attention_torch(qkv64, key64, value64, src, dst, types, None))
     fused = edge_attention(qkv, edge_key, edge_value, edge_index_for(src, dst, types, 40, qkv), None)
     torch.testing.assert_close(fused.double(), got, atol=1e-5, rtol=1e-5)
+
+
+def test_importing_the_model_loads_no_numba():
+    """A GPU machine runs the torch ops: the compiled kernels (and numba) load on the CPU path only."""
+    import subprocess
+    import sys
+
+    code = "import sys, seeder.model, seeder.rollout, seeder.train; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
