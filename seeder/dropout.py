@@ -44,7 +44,10 @@ class _CpuByteDropout(torch.autograd.Function):
         return torch.from_numpy(out).view(grad.shape), None, None, None
 
 
-def _compiled_path(x: torch.Tensor) -> bool:
+def uses_cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether the policy's compiled CPU kernels (``seeder.policy_kernels``: this dropout and the fused
+    edge attention) serve tensors like ``x``: float32 on the CPU, outside torch.compile (a compiled
+    graph traces the torch ops instead)."""
     return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
 
 
@@ -74,7 +77,7 @@ class ByteDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active(x.numel()):
             return x
-        if _compiled_path(x):
+        if uses_cpu_kernels(x):
             seed = np.uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
             return _CpuByteDropout.apply(x, seed, self.threshold, np.float32(self.scale))
         words = torch.randint(-(2**63), 2**63 - 1, ((x.numel() + 7) // 8,), dtype=torch.int64, device=x.device)

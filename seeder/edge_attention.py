@@ -12,8 +12,8 @@ memory were most of a training step (per-edge products, scatter-adds and index_s
 together over 40% of a MetaQA step, spread over some twenty kernels). Here one compiled pass over the
 edges, grouped by target, computes a target's logits, softmax and messages while its rows are in the
 cache, and the backward is two such passes (over targets, then over sources): only [E, H] logits
-and probabilities are kept in between, and nothing of size [E, H, D] is ever written. The kernels are in ``seeder.policy_kernels``,
-loaded on the CPU path only.
+and probabilities are kept in between, and nothing of size [E, H, D] is ever written. The kernels
+are in ``seeder.policy_kernels``, loaded on the CPU path only (``uses_cpu_kernels``).
 
 The softmax is the same as the torch path's: the maximum is subtracted per target (no gradient
 through it) and the normaliser is the sum plus 1e-16; dropout multiplies the probabilities by a mask
@@ -24,11 +24,12 @@ two paths agree to rounding, not bit for bit.
 from __future__ import annotations
 
 import math
-
 from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from seeder.dropout import uses_cpu_kernels
 
 
 def edge_attention_torch(qkv: torch.Tensor, edge_key: torch.Tensor, edge_value: torch.Tensor, src: torch.Tensor,
@@ -124,12 +125,6 @@ class _FusedEdgeAttention(torch.autograd.Function):
                 None, None, None)
 
 
-def fused_supported(x: torch.Tensor) -> bool:
-    """Whether ``edge_attention`` runs the fused kernels for features ``x``: float32 on the CPU, outside
-    torch.compile (a compiled graph traces the torch ops instead)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
-
-
 class EdgeIndex(NamedTuple):
     """A propagation's typed edges, and their grouping for the fused kernels where those run."""
 
@@ -142,14 +137,14 @@ class EdgeIndex(NamedTuple):
 def edge_index_for(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor, num_nodes: int,
                    like: torch.Tensor) -> EdgeIndex:
     """The edges of a graph of ``num_nodes`` nodes with features like ``like``, ready for every layer."""
-    groups = group_edges(src, dst, edge_type, num_nodes) if fused_supported(like) else None
+    groups = group_edges(src, dst, edge_type, num_nodes) if uses_cpu_kernels(like) else None
     return EdgeIndex(src, dst, edge_type, groups)
 
 
 def edge_attention(qkv: torch.Tensor, edge_key: torch.Tensor, edge_value: torch.Tensor, edges: EdgeIndex,
                    keep: torch.Tensor | None) -> torch.Tensor:
     """``edge_attention_torch``'s result, through the fused kernels where the edges were grouped for them."""
-    if edges.groups is not None and fused_supported(qkv):
+    if edges.groups is not None and uses_cpu_kernels(qkv):
         import numba
 
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # torch's budget (one per Ray Train CPU)
