@@ -15,8 +15,10 @@ inverse direction), the query and the source's state, so a rollout projects the 
 relation rows once per layer for all its steps and gathers them per edge.
 
 The attention itself (gathers per edge, the softmax over each target's incoming edges, the sum of the
-messages) is ``seeder.edge_attention.edge_attention``: fused compiled kernels on the CPU, torch ops on
-a GPU and under torch.compile.
+messages) is ``seeder.edge_attention.edge_attention``, and the update of every node after it (output
+product, residuals, LayerNorms, feed-forward network) is ``seeder.node_update.node_update``: each is one
+autograd step with compiled kernels on the CPU, and the modules' torch ops on a GPU and under
+torch.compile.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 from seeder.config import ConfigError, ModelConfig
 from seeder.dropout import ByteDropout
 from seeder.edge_attention import EdgeIndex, edge_attention, edge_index_for
+from seeder.node_update import node_update
 
 # Hop distances above this share one embedding (the bounded subgraphs have K <= 3 in the paper).
 MAX_HOP = 4
@@ -94,8 +97,7 @@ class EdgeModulatedAttention(nn.Module):
         qkv = linear(x, weight, bias).view(n, 3, heads, dh)
         keep = self.dropout.mask((len(edges.src), heads), x)  # dropout on the attention weights
         aggregated = edge_attention(qkv, *tables, edges, keep).reshape(n, heads * dh)
-        x = self.norm_attention(x + self.dropout(self.out(aggregated)))
-        return self.norm_ffn(x + self.dropout(self.ffn(x)))
+        return node_update(self, x, aggregated)
 
 
 class RelationTables(NamedTuple):

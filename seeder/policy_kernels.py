@@ -211,3 +211,91 @@ def apply_dropout_mask(x, seed, threshold, scale, out):
         for i in range(full * 8, n):
             keep = ((bits >> uint64(8 * (i - full * 8))) & uint64(255)) >= cut
             out[i] = x[i] * (scale if keep else np.float32(0.0))
+
+
+@njit(cache=True, nogil=True)
+def random_bytes(seed, n):
+    """``n`` dropout bytes: the bytes of SplitMix64 words ``seed + w``, in order (the stream
+    ``apply_dropout_mask`` reads)."""
+    words = np.empty((n + 7) // 8, np.uint64)
+    for w in range(len(words)):
+        words[w] = _word(seed, w)
+    return words.view(np.uint8)[:n]
+
+
+# -- the node update of a layer (seeder.node_update) ------------------------------------------------
+
+
+@njit(cache=True, nogil=True, fastmath=_MATH)
+def add_dropout_layer_norm(x, u, mask, cut, scale, gamma, beta, eps, y, xhat, rstd):
+    """y = LayerNorm(x + dropout(u)) per row, keeping the normalised rows and 1/std for the backward.
+    ``mask`` holds a byte per element of ``u`` (empty: no dropout); kept where the byte >= ``cut``."""
+    n, dim = x.shape
+    inv_dim = np.float32(1.0) / np.float32(dim)  # float32 throughout: an int divisor promotes to float64
+    masked = len(mask) > 0
+    row, keep = np.empty(dim, np.float32), np.empty(dim, np.float32)
+    keep[:] = np.float32(1.0)
+    for i in range(n):
+        # The row's dropout factors into a buffer first: a select inside the loops below kept them from
+        # vectorising (2.2 times slower; so was this loop as an inlined helper).
+        for d in range(dim * masked):
+            keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
+        mean = np.float32(0.0)
+        for d in range(dim):
+            z = x[i, d] + u[i, d] * keep[d]
+            row[d] = z
+            mean += z
+        mean *= inv_dim
+        var = np.float32(0.0)
+        for d in range(dim):
+            c = row[d] - mean
+            var += c * c
+        r = np.float32(1.0) / np.sqrt(var * inv_dim + eps)
+        rstd[i] = r
+        for d in range(dim):
+            h = (row[d] - mean) * r
+            xhat[i, d] = h
+            y[i, d] = h * gamma[d] + beta[d]
+
+
+@njit(cache=True, nogil=True, fastmath=_MATH)
+def add_dropout_layer_norm_backward(grad, xhat, rstd, gamma, mask, cut, scale, d_x, d_u, d_gamma, d_beta, d_bias):
+    """The backward of ``add_dropout_layer_norm``: d_x (the residual's gradient), d_u (through the
+    dropout), and the column sums d_gamma, d_beta and d_bias (= d_u summed: the gradient of the bias of
+    the product that made ``u``)."""
+    n, dim = grad.shape
+    inv_dim = np.float32(1.0) / np.float32(dim)
+    masked = len(mask) > 0
+    keep = np.ones(dim, np.float32)
+    for i in range(n):
+        for d in range(dim * masked):
+            keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
+        dot_h = np.float32(0.0)
+        dot_1 = np.float32(0.0)
+        for d in range(dim):
+            g = grad[i, d] * gamma[d]
+            dot_1 += g
+            dot_h += g * xhat[i, d]
+            d_gamma[d] += grad[i, d] * xhat[i, d]
+            d_beta[d] += grad[i, d]
+        dot_1 *= inv_dim
+        dot_h *= inv_dim
+        r = rstd[i]
+        for d in range(dim):
+            g = r * (grad[i, d] * gamma[d] - dot_1 - xhat[i, d] * dot_h)
+            d_x[i, d] = g
+            g *= keep[d]
+            d_u[i, d] = g
+            d_bias[d] += g
+
+
+@njit(cache=True, nogil=True, fastmath=_MATH)
+def apply_byte_mask(x, mask, cut, scale):
+    """x *= scale where the element's byte >= ``cut``, else 0, in place (x 2-D, one byte per element)."""
+    n, dim = x.shape
+    keep = np.empty(dim, np.float32)
+    for i in range(n):
+        for d in range(dim):
+            keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
+        for d in range(dim):
+            x[i, d] *= keep[d]
