@@ -99,7 +99,7 @@ class _FusedEdgeAttention(torch.autograd.Function):
         n, _, heads, dh = qkv.shape
         keep_array = keep.numpy() if keep is not None else np.empty((0, heads), np.float32)
         arrays = [t.detach().contiguous().numpy() for t in (qkv, edge_key, edge_value)]
-        out = np.zeros((n, heads, dh), np.float32)
+        out = np.empty((n, heads, dh), np.float32)  # each target's row is zeroed by its kernel
         alpha = np.empty((len(groups.order), heads), np.float32)
         scale = np.float32(1.0 / math.sqrt(dh))
         forward = kernels.attention_forward_parallel if threads > 1 else kernels.attention_forward_serial
@@ -113,7 +113,7 @@ class _FusedEdgeAttention(torch.autograd.Function):
 
         (qkv, edge_key, edge_value), keep, groups, scale, alpha, threads = ctx.saved
         del ctx.saved
-        d_qkv, d_logit = np.zeros_like(qkv), np.empty_like(alpha)
+        d_qkv, d_logit = np.empty_like(qkv), np.empty_like(alpha)  # rows zeroed by the kernels' node passes
         # The edge tables' gradients: one copy per thread of the sources' pass, summed here.
         key_parts = np.zeros((threads, *edge_key.shape), np.float32)
         value_parts = np.zeros_like(key_parts)

@@ -51,6 +51,7 @@ def _forward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, ord
     sum into out[i]. ``keep`` is the dropout mask in the original edge order ([0, H]: none)."""
     _, _, heads, dh = qkv.shape
     begin, end = ptr[i], ptr[i + 1]
+    out[i] = np.float32(0.0)  # here, not by the caller: the row is about to be read anyway
     for h in range(heads):
         peak = np.float32(-np.inf)
         for p in range(begin, end):
@@ -84,6 +85,7 @@ def _backward_target(i, qkv, edge_key, edge_value, ptr, src, edge_type, keep, or
     the gradient of its query into d_qkv[i, 0]."""
     _, _, heads, dh = qkv.shape
     begin, end = ptr[i], ptr[i + 1]
+    d_qkv[i, 0] = np.float32(0.0)
     for h in range(heads):
         # d out / d alpha through dropout (kept in d_logit for now), then sum(alpha * d_alpha).
         weighted = np.float32(0.0)
@@ -110,6 +112,7 @@ def _backward_source(j, part, qkv, edge_key, dst, edge_type, keep, order, alpha,
     """Source j's part: the gradients of its key and value into d_qkv[j, 1:], and its edges' share of
     the edge tables' gradients into key_parts[part], value_parts[part]."""
     _, _, heads, dh = qkv.shape
+    d_qkv[j, 1:] = np.float32(0.0)
     for r in range(source_ptr[j], source_ptr[j + 1]):
         p = by_source[r]
         i, t = dst[p], edge_type[p]
