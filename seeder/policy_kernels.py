@@ -230,9 +230,11 @@ def random_bytes(seed, n):
 
 
 @njit(cache=True, nogil=True, fastmath=_MATH)
-def add_dropout_layer_norm(x, u, mask, cut, scale, gamma, beta, eps, y, xhat, rstd):
-    """y = LayerNorm(x + dropout(u)) per row, keeping the normalised rows and 1/std for the backward.
-    ``mask`` holds a byte per element of ``u`` (empty: no dropout); kept where the byte >= ``cut``."""
+def add_dropout_layer_norm(x, u, bias, mask, cut, scale, gamma, beta, eps, y, xhat, rstd):
+    """y = LayerNorm(x + dropout(u + bias)) per row, keeping the normalised rows and 1/std for the
+    backward. ``u`` is a product without its bias: added here, it costs no pass of its own (an addmm
+    first copies the bias into its whole output). ``mask`` holds a byte per element of ``u`` (empty:
+    no dropout); kept where the byte >= ``cut``."""
     n, dim = x.shape
     inv_dim = np.float32(1.0) / np.float32(dim)  # float32 throughout: an int divisor promotes to float64
     masked = len(mask) > 0
@@ -245,7 +247,7 @@ def add_dropout_layer_norm(x, u, mask, cut, scale, gamma, beta, eps, y, xhat, rs
             keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
         mean = np.float32(0.0)
         for d in range(dim):
-            z = x[i, d] + u[i, d] * keep[d]
+            z = x[i, d] + (u[i, d] + bias[d]) * keep[d]
             row[d] = z
             mean += z
         mean *= inv_dim
