@@ -12,8 +12,9 @@ with the batch). Here it is one autograd function: the three products stay torch
 and each ``x + dropout(u + b)`` with its LayerNorm is one compiled pass forward and one backward
 (``seeder.policy_kernels``), which also sums the columns of the gradients for the biases and the
 norms' parameters. On 7,400 nodes, forward and backward take 4.6-5.8 ms against 6.9-7.9 with the
-modules; a MetaQA training step, 1.06-1.19 times faster (alternated in one process). The dropout bytes come from the same counter-based hash as ``seeder.dropout``,
-drawn once per call and kept for the backward (one byte per value).
+modules; a MetaQA training step, 1.06-1.19 times faster (alternated in one process). The dropout
+bytes come from the same counter-based hash as ``seeder.dropout``, drawn once per call and kept for
+the backward (one byte per value).
 
 ``node_update`` runs the modules instead on a GPU, under torch.compile, and for other dtypes; the
 modules are the tests' reference.
@@ -64,8 +65,8 @@ class _FusedNodeUpdate(torch.autograd.Function):
         def norm_backward(grad, xhat, rstd, gamma, mask):
             d_x, d_u = np.empty_like(xhat), np.empty_like(xhat)
             d_gamma, d_beta, d_bias = (np.zeros(dim, np.float32) for _ in range(3))
-            kernels.add_dropout_layer_norm_backward(grad.contiguous().numpy(), xhat, rstd, gamma.detach().numpy(), mask, cut, scale,
-                                                    d_x, d_u, d_gamma, d_beta, d_bias)
+            kernels.add_dropout_layer_norm_backward(grad.contiguous().numpy(), xhat, rstd, gamma.detach().numpy(), mask,
+                                                    cut, scale, d_x, d_u, d_gamma, d_beta, d_bias)
             return (torch.from_numpy(a) for a in (d_x, d_u, d_gamma, d_beta, d_bias))
 
         d_x1, d_ffn, d_g2, d_beta2, d_b2 = norm_backward(grad, xhat2, rstd2, g2, mask_ffn)
