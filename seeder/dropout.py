@@ -44,6 +44,12 @@ class _CpuByteDropout(torch.autograd.Function):
         return torch.from_numpy(out).view(grad.shape), None, None, None
 
 
+def draw_seed() -> np.uint64:
+    """A seed for the counter-based hash, drawn from torch's generator, so that ``torch.manual_seed``
+    reproduces every mask made from it (this dropout's and the fused node update's)."""
+    return np.uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
+
+
 def uses_cpu_kernels(x: torch.Tensor) -> bool:
     """Whether the policy's compiled CPU kernels (``seeder.policy_kernels``: this dropout and the fused
     edge attention) serve tensors like ``x``: float32 on the CPU, outside torch.compile (a compiled
@@ -78,8 +84,7 @@ class ByteDropout(nn.Module):
         if not self.active(x.numel()):
             return x
         if uses_cpu_kernels(x):
-            seed = np.uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
-            return _CpuByteDropout.apply(x, seed, self.threshold, np.float32(self.scale))
+            return _CpuByteDropout.apply(x, draw_seed(), self.threshold, np.float32(self.scale))
         words = torch.randint(-(2**63), 2**63 - 1, ((x.numel() + 7) // 8,), dtype=torch.int64, device=x.device)
         keep = words.view(torch.uint8)[: x.numel()].view(x.shape) >= self.threshold
         return x * (keep.to(x.dtype) * self.scale)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from seeder.dropout import ByteDropout, uses_cpu_kernels
+from seeder.dropout import ByteDropout, draw_seed, uses_cpu_kernels
 
 
 class _FusedNodeUpdate(torch.autograd.Function):
@@ -118,6 +118,5 @@ def draw_masks(dropout: ByteDropout, n: int, dim: int, hidden: int):
     if not dropout.active(n * dim):
         empty = np.empty(0, np.uint8)
         return empty, empty, empty
-    seed = np.uint64(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item() & (2**64 - 1))
-    data = kernels.random_bytes(seed, n * (2 * dim + hidden))
+    data = kernels.random_bytes(draw_seed(), n * (2 * dim + hidden))
     return data[: n * dim], data[n * dim : n * (dim + hidden)], data[n * (dim + hidden) :]

@@ -218,7 +218,7 @@ def apply_dropout_mask(x, seed, threshold, scale, out):
 
 @njit(cache=True, nogil=True)
 def random_bytes(seed, n):
-    """``n`` dropout bytes: the bytes of SplitMix64 words ``seed + w``, in order (the stream
+    """``n`` dropout bytes: the bytes of the words ``_word(seed, w)``, in order (the stream
     ``apply_dropout_mask`` reads)."""
     words = np.empty((n + 7) // 8, np.uint64)
     for w in range(len(words)):
