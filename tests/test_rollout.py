@@ -8,7 +8,7 @@ import torch
 
 from seeder.config import load_config
 from seeder.model import SeedERPolicy
-from seeder.rollout import Rollout, plackett_luce_log_prob, rank_nodes, sample_top_k
+from seeder.rollout import NEG, Rollout, plackett_luce_log_prob, rank_nodes, sample_top_k
 from seeder.inference import Schedule, retrieve
 from seeder.synth import toy_task
 
@@ -30,6 +30,36 @@ def test_plackett_luce_log_prob_matches_the_exact_formula():
     exact = torch.tensor([math.log(exact_ordered_probability(logits, o)) for o in orders])
     torch.testing.assert_close(lp, exact, rtol=1e-5, atol=1e-6)
     assert math.isclose(float(lp.exp().sum()), 1.0, rel_tol=1e-5)
+
+
+def test_plackett_luce_log_prob_with_absent_candidates_uncounted_picks_and_wide_logits():
+    """Candidates at NEG are absent, a pick that is not ok is no pick (its candidate stays in later
+    normalisers), a row may have no candidate at all; logits up to +-1000 stay exact and finite."""
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1.0, 1000.0):
+        logits = torch.randn(6, 9, generator=generator, dtype=torch.float64) * scale
+        available = torch.rand(6, 9, generator=generator) > 0.3
+        available[0] = False
+        logits = logits.masked_fill(~available, NEG)
+        picks = torch.stack([torch.randperm(9, generator=generator)[:5] for _ in range(6)])
+        pick_ok = available.gather(1, picks) & (torch.rand(6, 5, generator=generator) > 0.2)
+        expected = []
+        for row in range(6):
+            remaining = set(range(9))
+            total = 0.0
+            for pick, ok in zip(picks[row].tolist(), pick_ok[row].tolist()):
+                if ok:
+                    values = [float(logits[row, j]) for j in remaining]
+                    top = max(values)
+                    total += float(logits[row, pick]) - (top + math.log(sum(math.exp(v - top) for v in values)))
+                    remaining.remove(pick)
+            expected.append(total)
+        leaf = logits.clone().requires_grad_()
+        got = plackett_luce_log_prob(leaf, picks, pick_ok)
+        torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-9, atol=1e-9)
+        assert got[0] == 0.0
+        got.sum().backward()
+        assert torch.isfinite(leaf.grad).all() and (leaf.grad[~available] == 0).all()
 
 
 def test_gumbel_top_k_samples_follow_plackett_luce():
