@@ -35,19 +35,23 @@ def server(request, trained, tmp_path_factory):
     """The service as started by default (its one replica answers HTTP itself) and with --through-proxy
     (Ray Serve's proxy on the port, as with several replicas or on a cluster)."""
     root, _ = trained
-    ready = tmp_path_factory.mktemp("serve") / "ready"
+    folder = tmp_path_factory.mktemp("serve")
+    ready, log = folder / "ready", folder / "serve.log"
     port = free_port()
     seeder = str(Path(sys.executable).parent / "seeder")
-    proc = subprocess.Popen([seeder, "serve", "--model", str(root / "run" / "model"), "--port", str(port),
-                             "--max-questions", "1000", "--ready-file", str(ready),
-                             *(["--through-proxy"] if request.param == "proxy" else [])],
-                            env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    # Its output goes to a file, not a pipe nobody reads: once a pipe's buffer is full, the server
+    # blocks on its next log line, and then on Ctrl-C too (a teardown once waited 60 s for it).
+    with open(log, "w") as out:
+        proc = subprocess.Popen([seeder, "serve", "--model", str(root / "run" / "model"), "--port", str(port),
+                                 "--max-questions", "1000", "--ready-file", str(ready),
+                                 *(["--through-proxy"] if request.param == "proxy" else [])],
+                                env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"), stdout=out,
+                                stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            pytest.fail(f"seeder serve did not start: {proc.stdout.read()[-3000:]}")
+            pytest.fail(f"seeder serve did not start: {log.read_text()[-3000:]}")
         time.sleep(1)
     yield f"http://127.0.0.1:{port}/", port, root, request.param
     proc.send_signal(signal.SIGINT)
