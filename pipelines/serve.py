@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ready_file:
         with open(args.ready_file, "w") as handle:
             handle.write(f"http://{args.host}:{args.port}/\n")
+    # A shell starts a background job (`seeder serve ... &` in a script) with SIGINT ignored, and the process
+    # inherits that: Ctrl-C or `kill -INT` would then never reach the loop below.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             time.sleep(3600)
