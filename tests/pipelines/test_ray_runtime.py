@@ -26,7 +26,11 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 # A driver that starts Ray the way every entry point does, runs tasks and a Ray Data job, and then, with
 # `hold`, stays up until killed.
 DRIVER = """
-import os, sys, time
+import os, signal, sys, time
+# The tests stop a holding driver with SIGINT (tests.processes.stop_gracefully). Under a test run that a
+# script started in the background (`make test &`), it would inherit SIGINT ignored and be killed only after
+# stop_gracefully's minute.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pipelines.ray_runtime import start_ray
 ray = start_ray(num_cpus=2, who="driver")
 @ray.remote
