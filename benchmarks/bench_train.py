@@ -18,6 +18,7 @@ figures, measured in the same run on the same queries:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from dataclasses import fields, replace
@@ -135,6 +136,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="", help="comma-separated train.batch_size values timed in turn "
                         "(default: the config's)")
     parser.add_argument("--profile", help="append a torch.profiler table of 3 steps per batch size to this file")
+    parser.add_argument("--json", help="also write the batch sizes and their trajectories/s to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=32")
     args = parser.parse_args()
     if args.threads:
@@ -179,6 +181,10 @@ def main() -> None:
     if not rates:
         raise SystemExit("no batch size fitted on the device; pass smaller --batch-sizes")
     batched_rate = rates[0]
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"source": source, "threads": torch.get_num_threads(), "device": str(device),
+                       "batch_sizes": batch_sizes[: len(rates)], "trajectories_per_second": rates}, out, indent=2)
 
     if args.reference_queries > 0:
         # Reference: one trajectory at a time, same model, same losses.
