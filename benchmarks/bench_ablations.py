@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from measure import run_logged
+
 VARIANTS = {
     "full": [],
     "no_aux_loss": ["train.bpr_weight=0"],
@@ -37,13 +37,6 @@ VARIANTS = {
     "rerank": ["train.mode=rerank"],
 }
 COLUMNS = ("hit_at_1", "hit_at_5", "mrr", "recall_at_20", "hit_any", "set_size")
-
-
-def run(command: list[str], log: Path) -> None:
-    with open(log, "a") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-    if done.returncode:
-        sys.exit(f"bench_ablations: {' '.join(command[:3])} ... failed (exit {done.returncode}); see {log}")
 
 
 def main() -> None:
@@ -71,12 +64,12 @@ def main() -> None:
         start = time.perf_counter()
         if not (run_dir / "model" / "seeder_model.json").exists():
             config = ["--config", args.config] if args.config else []
-            run([sys.executable, "pipelines/train.py", "--artifacts", args.artifacts, *config, "--out", str(run_dir),
+            run_logged([sys.executable, "pipelines/train.py", "--artifacts", args.artifacts, *config, "--out", str(run_dir),
                  "--num-workers", str(args.num_workers), "--experiment", "ablations",
                  *args.overrides, *VARIANTS[name]], log)
         trained = time.perf_counter() - start
         report = run_dir / f"{args.split}_metrics.json"
-        run([sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", args.artifacts, "--split", args.split,
+        run_logged([sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", args.artifacts, "--split", args.split,
              "--method", "seeder", "--model", str(run_dir / "model"), "--json", str(report)], log)
         results[name] = {"report": json.loads(report.read_text())["methods"]["seeder"], "seconds": trained}
         print(f"[{i}/{len(names)}] {name}: hit@1 {results[name]['report']['all']['hit_at_1']:.3f} "

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,20 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from measure import run_logged
 from seeder.progress import Progress
 
-ROOT = Path(__file__).resolve().parents[1]
-
 GOAL = 1.0
-
-
-def run_logged(command: list[str], log: Path) -> None:
-    """Run one of the project's commands from the repository root, its output to ``log``."""
-    with open(log, "w") as out:
-        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
-        raise SystemExit(f"{' '.join(command[1:3])} exited with {done.returncode}; its log is {log}:\n{tail}")
 
 
 def ray_rate(args, workdir: Path, log: Path) -> list[float]:
@@ -102,7 +91,7 @@ def main() -> None:
                 bar.update()
             rounds.append((epochs, single))
             print(f"round {r}: Ray epochs {' / '.join(f'{e:.0f}' for e in epochs)} trajectories/s, one process "
-                  f"{single:.0f}; ratio {np.mean(epochs) / single:.2f}", flush=True)
+                  f"{single:.0f}; ratio {summary(rounds[-1:])[0]:.2f}", flush=True)
     median, ratios = summary(rounds)
     print(f"done in {time.perf_counter() - start:.0f} s")
     print(f"per core, {args.workers} Ray Train workers / one process: median {median:.2f} "

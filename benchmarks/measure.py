@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: run a command and measure its wall time and peak memory.
+"""Shared by the benchmark scripts: run a command and measure its wall time and peak memory, or run
+one into a log file.
 
 Peak memory is the largest summed RSS of the process and all its descendants, sampled every 0.5 s,
 so Ray's raylet, object store and worker processes are counted, not only the driver.
@@ -10,6 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
@@ -51,3 +55,13 @@ def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNI
     stop.set()
     sampler.join()
     return proc.returncode, wall, mem.get("peak_rss", 0), lines
+
+
+def run_logged(command: list[str], log: Path) -> None:
+    """Run one of the project's commands from the repository root, its output appended to ``log``; a
+    failure stops the benchmark with the log's path and its last lines."""
+    with open(log, "a") as out:
+        done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "".join(Path(log).read_text().splitlines(keepends=True)[-15:])
+        sys.exit(f"{' '.join(command[1:4])} ... exited with {done.returncode}; its log is {log}:\n{tail}")
