@@ -65,12 +65,12 @@ def main() -> None:
         if not (run_dir / "model" / "seeder_model.json").exists():
             config = ["--config", args.config] if args.config else []
             run_logged([sys.executable, "pipelines/train.py", "--artifacts", args.artifacts, *config, "--out", str(run_dir),
-                 "--num-workers", str(args.num_workers), "--experiment", "ablations",
-                 *args.overrides, *VARIANTS[name]], log)
+                        "--num-workers", str(args.num_workers), "--experiment", "ablations",
+                        *args.overrides, *VARIANTS[name]], log)
         trained = time.perf_counter() - start
         report = run_dir / f"{args.split}_metrics.json"
         run_logged([sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", args.artifacts, "--split", args.split,
-             "--method", "seeder", "--model", str(run_dir / "model"), "--json", str(report)], log)
+                    "--method", "seeder", "--model", str(run_dir / "model"), "--json", str(report)], log)
         results[name] = {"report": json.loads(report.read_text())["methods"]["seeder"], "seconds": trained}
         print(f"[{i}/{len(names)}] {name}: hit@1 {results[name]['report']['all']['hit_at_1']:.3f} "
               f"(trained in {trained:.0f} s)", flush=True)

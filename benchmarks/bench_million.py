@@ -18,9 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-from measure import run_measured
+from measure import REPO, run_measured
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 

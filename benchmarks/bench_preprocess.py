@@ -37,9 +37,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from measure import run_measured  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from measure import REPO, run_measured  # noqa: E402
 
 
 def bench_texts(count: int, metaqa: Path | None) -> list[str]:
