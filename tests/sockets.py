@@ -11,8 +11,16 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
+
+import pytest
+
+
+needs_ss = pytest.mark.skipif(shutil.which("ss") is None,
+                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
 @dataclass(frozen=True)
@@ -132,13 +140,23 @@ class Watch:
 
 
 def watch_command(args: list[str], timeout: float, **kwargs) -> tuple[subprocess.CompletedProcess, Watch]:
-    """Run ``args`` to completion while watching its process tree's sockets."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+    """Run ``args`` to completion while watching its process tree's sockets (stdout and stderr captured
+    apart, as ``subprocess.run(..., capture_output=True, text=True)`` does). Where ``ss`` or ``/proc`` is
+    missing the watch sees nothing; the tests that read it skip there."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
     with Watch(proc.pid) as watch:
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, _ = proc.communicate()
-            raise AssertionError(f"{args} did not finish in {timeout} s:\n{out[-3000:]}")
-    return subprocess.CompletedProcess(args, proc.returncode, out, None), watch
+            out, err = proc.communicate()
+            raise AssertionError(f"{args} did not finish in {timeout} s:\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), watch
+
+
+def assert_ray_listened_on_loopback_only(watch: Watch, what: str) -> None:
+    """The watched command ran a Ray (its GCS and raylet were seen listening) and nothing of it listened
+    outside the loopback interface."""
+    seen = {sock.name for sock in watch.inside.values()}
+    assert {"gcs_server", "raylet"} <= seen, f"{what}: the watch saw no Ray listener ({watch.samples} samples): {seen}"
+    assert not watch.outside, f"{what} listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))

@@ -1,5 +1,5 @@
 """pipelines/preprocess.py end to end on a tiny graph with the hash encoder: artifacts, skipping,
-resuming after a kill, clear errors, and a run through `ray job submit`."""
+resuming after a kill, clear errors, a run through `ray job submit`, and every listener on loopback."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from seeder.config import load_config
 from seeder.store import open_dataset
 from tests.conftest import free_port
 from tests.datasets import write_tiny_dataset
+from tests.sockets import Watch, assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "preprocess.py"
@@ -43,10 +44,14 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def job_command(dataset: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(SCRIPT), "--dataset", str(dataset), "--out", str(out), "--ray-address", "local",
+            "--num-cpus", "2", *FLAGS, *OVERRIDES, *extra]
+
+
 def run_job(dataset: Path, out: Path, *extra: str, env: dict[str, str] | None = None, timeout: int = 600):
-    cmd = [sys.executable, str(SCRIPT), "--dataset", str(dataset), "--out", str(out), "--ray-address", "local",
-           "--num-cpus", "2", *FLAGS, *OVERRIDES, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=REPO)
+    return subprocess.run(job_command(dataset, out, *extra), capture_output=True, text=True, env=env or _env(),
+                          timeout=timeout, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +61,25 @@ def tiny_dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_dataset, tmp_path_factory) -> Path:
+def reference_run(tiny_dataset, tmp_path_factory) -> tuple[Path, Watch]:
+    """The reference job, with its process tree's listening sockets watched while it runs."""
     out = tmp_path_factory.mktemp("art") / "reference"
-    result = run_job(tiny_dataset, out)
+    result, watch = watch_command(job_command(tiny_dataset, out), timeout=600, env=_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (out.parent / "terminal.txt").write_text(result.stdout + result.stderr)
-    return out
+    return out, watch
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> Path:
+    return reference_run[0]
+
+
+@needs_ss
+@linux_only
+def test_the_job_listens_on_loopback_only(reference_run):
+    """Every listener of the job's embedded Ray, its Ray Data workers included."""
+    assert_ray_listened_on_loopback_only(reference_run[1], "pipelines/preprocess.py")
 
 
 def test_the_terminal_shows_the_stages_not_rays_routine_notices(reference):

@@ -1,6 +1,8 @@
 """pipelines/ray_runtime.py: the embedded Ray listens on loopback only (checked with ``ss`` while it works),
 and the Ray processes a killed driver leaves behind are stopped by the next run, without touching a live
-session. Also ``seeder ui``'s MLflow server, and every listener of preprocessing, training and a sweep."""
+session. Also ``seeder ui``'s MLflow server. Every listener of preprocessing, of two-worker training and of
+a sweep is checked while the tests of those jobs run them (tests/pipelines/test_preprocess.py,
+tests/pipelines/test_train.py, tests/tune/test_sweep.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,10 @@ import pytest
 
 from tests.conftest import ENV, free_port
 from tests.processes import stop_gracefully
-from tests.sockets import descendants, is_loopback, listeners, ss_available, watch_command
+from tests.sockets import (assert_ray_listened_on_loopback_only, descendants, is_loopback, linux_only, listeners, needs_ss,
+                           watch_command)
 
 REPO = Path(__file__).resolve().parents[2]
-needs_ss = pytest.mark.skipif(not ss_available(),
-                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 # A driver that starts Ray the way every entry point does, runs tasks and a Ray Data job, and then, with
 # `hold`, stays up until killed.
@@ -110,9 +110,7 @@ def test_embedded_ray_listens_on_loopback_only():
     done, watch = watch_command([sys.executable, "-c", DRIVER], timeout=400, env=driver_env(), cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "node 127.0.0.1" in done.stdout
-    seen = {sock.name for sock in watch.inside.values()}
-    assert {"gcs_server", "raylet"} <= seen, f"the watch saw no Ray listener ({watch.samples} samples): {seen}"
-    assert not watch.outside, "Ray listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
+    assert_ray_listened_on_loopback_only(watch, "an embedded Ray")
 
 
 @pytest.mark.slow
@@ -184,34 +182,6 @@ def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
     finally:
         for proc in (live, killed):
             stop_gracefully(proc)
-
-
-@pytest.mark.slow
-@needs_ss
-@linux_only
-def test_preprocess_train_and_sweep_listen_on_loopback_only(tmp_path):
-    """Every listener of the three jobs, sampled while they run: Ray's, Ray Data's, Ray Train's (gloo and
-    torch's rendezvous store) and Tune's."""
-    from tests.datasets import write_tiny_dataset
-
-    dataset = write_tiny_dataset(tmp_path / "ds", 160, seed=7, two_hop_answers=False, id_stride=7)
-    env = dict(driver_env(), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tiny = ["train.batch_size=8", "train.num_trajectories=4", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,12]"]
-    jobs = {
-        "preprocess": [str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset), "--out", str(tmp_path / "art"),
-                       "--num-cpus", "2", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine",
-                       "embed.hash_dim=32", "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
-        "train": [str(REPO / "pipelines" / "train.py"), "--artifacts", str(tmp_path / "art"), "--num-workers", "2",
-                  "--num-cpus", "2", "--out", str(tmp_path / "run"), "train.epochs=1", "model.hidden_dim=8", *tiny],
-        "sweep": [str(REPO / "tune" / "sweep.py"), "--artifacts", str(tmp_path / "art"), "--num-samples", "2",
-                  "--max-concurrent", "2", "--name", "loopback", "--storage", str(tmp_path / "ray"), "--epochs", "1",
-                  "--queries-per-epoch", "16", "--val-queries", "8", "--num-cpus", "2", *tiny],
-    }
-    for name, args in jobs.items():
-        done, watch = watch_command([sys.executable, *args], timeout=500, env=env, cwd=tmp_path)
-        assert done.returncode == 0, f"{name}:\n{done.stdout[-3000:]}"
-        assert {"gcs_server", "raylet"} <= {sock.name for sock in watch.inside.values()}, name
-        assert not watch.outside, f"{name} listens outside loopback:\n" + "\n".join(map(str, watch.outside.values()))
 
 
 def test_forwarded_worker_lines_carry_no_colour_codes_into_a_pipe():

@@ -25,6 +25,7 @@ from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.seeds import dense_seeds
 from seeder.store import open_dataset
 from seeder.synth import SynthConfig, synthesize
+from tests.sockets import Watch, assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "train.py"
@@ -88,12 +89,26 @@ def ray_started() -> bool:
     return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
+def train_env(tmp_path: Path, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
+                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", RAY_ADDRESS="",
+                RAY_AUTH_MODE="disabled", RAY_raylet_start_wait_time_s="180", **(extra_env or {}))
+
+
 def run_train(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None, timeout: int = 400):
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", RAY_ADDRESS="",
-               RAY_AUTH_MODE="disabled", RAY_raylet_start_wait_time_s="180", **(extra_env or {}))
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=train_env(tmp_path, extra_env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def two_workers(artifacts, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, Watch]:
+    """A two-worker run of TINY (in the folder returned, with its MLflow store), its listening sockets
+    watched while it runs."""
+    tmp_path = tmp_path_factory.mktemp("two-workers")
+    proc, watch = watch_command([sys.executable, str(SCRIPT), "--artifacts", str(artifacts), "--num-workers", "2",
+                                 "--out", str(tmp_path / "run"), *TINY], timeout=400, env=train_env(tmp_path),
+                                cwd=tmp_path)
+    return tmp_path, proc, watch
 
 
 def metric_history(tmp_path: Path, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -104,9 +119,9 @@ def metric_history(tmp_path: Path, run_id: str, key: str) -> list[tuple[int, flo
 
 
 @pytest.mark.slow
-def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_path, capsys):
+def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_workers, capsys):
+    tmp_path, proc, _ = two_workers
     out = tmp_path / "run"
-    proc = run_train(["--artifacts", str(artifacts), "--num-workers", "2", "--out", str(out), *TINY], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "epoch 3/3" in proc.stdout and "seeder ui" in proc.stdout
     # Ray's placement-group cleaner polls the State API, which needs the dashboard the embedded Ray runs
@@ -181,6 +196,17 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, tmp_p
 
 
 @pytest.mark.slow
+@needs_ss
+@linux_only
+def test_two_workers_listen_on_loopback_only(two_workers):
+    """Every listener of the run: its embedded Ray's, Ray Train's workers', gloo's and torch's
+    rendezvous store."""
+    _, proc, watch = two_workers
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert_ray_listened_on_loopback_only(watch, "pipelines/train.py --num-workers 2")
+
+
+@pytest.mark.slow
 def test_killed_run_resumes_from_its_checkpoint(artifacts, tmp_path):
     out = tmp_path / "run"
     args = ["--artifacts", str(artifacts), "--num-workers", "2", "--out", str(out), "--max-failures", "0", *TINY]
@@ -250,17 +276,35 @@ def test_relative_init_from_reaches_workers_as_an_absolute_path(pipeline, artifa
     assert not ray_started() and not (tmp_path / "run").exists()
 
 
+@pytest.fixture(scope="module")
+def one_worker_beside_another_ray(artifacts, tmp_path_factory):
+    """A Ray-free run and a one-worker Ray Train run of TINY, the Ray run while another Ray runs on the
+    machine (its driver starts beside the Ray-free run). Returns the folder and the two processes."""
+    from tests.pipelines.test_ray_runtime import DRIVER, driver_env, wait_ready
+    from tests.processes import stop_gracefully
+
+    tmp_path = tmp_path_factory.mktemp("one-worker")
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", MLFLOW_DISABLE_TELEMETRY="true")
+    other = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=driver_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        plain = subprocess.run([sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out",
+                                str(tmp_path / "plain"), *TINY, "train.num_threads=1"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=400)
+        wait_ready(other)
+        ray = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--cpus-per-worker", "1", "--out",
+                         str(tmp_path / "ray"), *TINY], tmp_path)
+    finally:
+        stop_gracefully(other)
+    return tmp_path, plain, ray
+
+
 @pytest.mark.slow
-def test_ray_free_and_one_worker_ray_train_runs_agree(artifacts, tmp_path):
+def test_ray_free_and_one_worker_ray_train_runs_agree(one_worker_beside_another_ray):
     """The same loop behind both drivers: same metric names, same validation metrics epoch by epoch
     (one worker trains on exactly the Ray-free run's queries, with the same random streams)."""
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", MLFLOW_DISABLE_TELEMETRY="true")
-    plain = subprocess.run([sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out",
-                            str(tmp_path / "plain"), *TINY, "train.num_threads=1"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=400)
+    tmp_path, plain, ray = one_worker_beside_another_ray
     assert plain.returncode == 0, plain.stderr[-3000:]
-    ray = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--cpus-per-worker", "1", "--out",
-                     str(tmp_path / "ray"), *TINY], tmp_path)
     assert ray.returncode == 0, ray.stdout[-3000:] + ray.stderr[-5000:]
     a = json.loads((tmp_path / "plain" / "history.json").read_text())
     b = json.loads((tmp_path / "ray" / "history.json").read_text())
@@ -272,29 +316,19 @@ def test_ray_free_and_one_worker_ray_train_runs_agree(artifacts, tmp_path):
                 assert row_a[key] == pytest.approx(row_b[key], abs=1e-6), key
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 2
     assert set(runs[0].data.metrics) == set(runs[1].data.metrics)
 
 
 @pytest.mark.slow
-def test_another_ray_on_the_machine_leaves_the_terminal_clean(artifacts, tmp_path):
+def test_another_ray_on_the_machine_leaves_the_terminal_clean(one_worker_beside_another_ray):
     """Ray Train's placement-group cleaner asks Ray's State API for "the" local cluster; with a second Ray
     running it printed a ConnectionError traceback every few seconds (issue 15)."""
-    from tests.pipelines.test_ray_runtime import DRIVER, driver_env, wait_ready
-    from tests.processes import stop_gracefully
-
-    other = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=driver_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        wait_ready(other)
-        proc = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--out", str(tmp_path / "run"),
-                          "--no-mlflow", *TINY, "train.epochs=2"], tmp_path)
-    finally:
-        stop_gracefully(other)
+    _, _, proc = one_worker_beside_another_ray
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "epoch 2/2  loss" in proc.stdout
+    assert "epoch 3/3  loss" in proc.stdout
     terminal = proc.stdout + proc.stderr
     assert "Traceback" not in terminal and "multiple active Ray instances" not in terminal, terminal[-3000:]
 
@@ -308,3 +342,56 @@ def test_a_local_ray_that_cannot_place_the_workers_is_an_error_not_a_wait():
     assert "no GPU" in local_shortfall({"CPU": 2.0}, 1, True, 1)
     assert local_shortfall({"CPU": 2.0}, 2, False, 1) is None
     assert "lower --num-workers" in local_shortfall({"CPU": 2.0}, 2, False, 1.5)
+
+
+def _hook_rank(rank: int, world: int, store_path: str, delayed: bool, grads: np.ndarray, out: str) -> None:
+    """One rank of the gradient-average test: a 3-weight model stepped with plain SGD (lr 1) on given
+    gradients, through the optimiser hook; writes the weights after every step."""
+    import torch
+    import torch.distributed as dist
+
+    from pipelines.train import GradientAverage
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    model = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    average = GradientAverage(model, world, delayed)
+    optimizer.register_step_pre_hook(average)
+    weights = []
+    for step in range(len(grads[rank])):
+        model.weight.grad = torch.tensor(grads[rank][step], dtype=torch.float32).view(1, 3)
+        optimizer.step()
+        weights.append(model.weight.detach().view(-1).numpy().copy())
+    average.finish()
+    np.save(out, np.stack(weights))
+    # Once both ranks are past their last all-reduce, exit without tearing gloo down: its destructor
+    # aborted now and then ("terminate called without an active exception"), which is not under test.
+    store.set(f"done{rank}", "1")
+    store.wait([f"done{r}" for r in range(world)])
+    os._exit(0)
+
+
+@pytest.mark.parametrize("delayed", [False, True], ids=["exact", "delayed"])
+def test_gradients_are_averaged_over_ranks_now_or_one_step_late(tmp_path, delayed):
+    """train.delayed_allreduce: step t applies the ranks' mean gradient of step t (exact) or of step t-1
+    (delayed; the first step changes nothing), and the ranks' weights stay identical."""
+    import torch.multiprocessing as mp
+
+    world, steps = 2, 4
+    grads = np.random.default_rng(0).standard_normal((world, steps, 3)).round(2)
+    outs = [str(tmp_path / f"rank{r}.npy") for r in range(world)]
+    processes = [mp.get_context("spawn").Process(target=_hook_rank, args=(r, world, str(tmp_path / "store"), delayed,
+                                                                          grads, outs[r])) for r in range(world)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    weights = [np.load(o) for o in outs]
+    np.testing.assert_array_equal(weights[0], weights[1])
+    applied = np.cumsum(grads.mean(axis=0), axis=0)  # the SGD sum of the mean gradients up to each step
+    if delayed:
+        applied = np.vstack([np.zeros((1, 3)), applied[:-1]])
+    np.testing.assert_allclose(weights[0], -applied, atol=1e-6)

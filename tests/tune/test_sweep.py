@@ -1,5 +1,6 @@
 """tune/sweep.py end to end on tiny artifacts: a real `mlflow server`, the MLflow UI in headless
-chromium, a failing trial, and an interrupted sweep that resumes without rerunning finished trials."""
+chromium, a failing trial, every listener on loopback, and an interrupted sweep that resumes without rerunning
+finished trials."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from seeder.sweep import METRIC
 from tests.conftest import free_port
+from tests.sockets import assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "tune" / "sweep.py"
@@ -115,17 +117,25 @@ def server_sweep(artifacts, mlflow_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep-server")
     (root / "space.yaml").write_text(SPACE)
     env = dict(ENV, MLFLOW_TRACKING_URI=mlflow_server)
-    proc = sweep(["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "2", "--space",
-                  str(root / "space.yaml"), "--name", "srv", "--storage", str(root / "ray"), "--seed", "3", *TRIAL_ARGS],
-                 root, env)
+    args = ["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "2", "--space",
+            str(root / "space.yaml"), "--name", "srv", "--storage", str(root / "ray"), "--seed", "3", *TRIAL_ARGS]
+    proc, watch = watch_command([sys.executable, str(SWEEP), *args], timeout=400, cwd=root, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return mlflow_server, proc
+    return mlflow_server, proc, watch
+
+
+@needs_ss
+@linux_only
+def test_the_sweep_listens_on_loopback_only(server_sweep):
+    """Every listener of the sweep: its embedded Ray's, Tune's and the trials' (the MLflow server is the
+    test's, not the sweep's)."""
+    assert_ray_listened_on_loopback_only(server_sweep[2], "tune/sweep.py")
 
 
 def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, artifacts):
     from mlflow import MlflowClient
 
-    url, proc = server_sweep
+    url, proc, _ = server_sweep
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name("seeder-sweeps")
     parents = client.search_runs([experiment.experiment_id], "tags.`seeder.kind` = 'sweep'")
@@ -161,7 +171,7 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
 def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tmp_path):
     from mlflow import MlflowClient
 
-    url, _ = server_sweep
+    url, _, _ = server_sweep
     client = MlflowClient(url)
     parent = client.search_runs([client.get_experiment_by_name("seeder-sweeps").experiment_id], "tags.`seeder.kind` = 'sweep'")[0]
     out = tmp_path / "test.json"
@@ -202,7 +212,7 @@ def chromium_dom(url: str, profile: Path) -> str:
 def test_mlflow_ui_lists_the_sweeps_runs(server_sweep, tmp_path):
     from mlflow import MlflowClient
 
-    url, _ = server_sweep
+    url, _, _ = server_sweep
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name("seeder-sweeps").experiment_id
     parent = client.search_runs([experiment], "tags.`seeder.kind` = 'sweep'")[0]
