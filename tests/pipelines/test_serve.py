@@ -109,7 +109,13 @@ def test_a_get_request_gets_the_same_rankings_as_a_post(server):
     questions = Retriever.load(root / "run" / "model").artifacts.dataset.queries_of("test").column("text").to_pylist()[:2]
     status, by_get = post(url + "?" + urllib.parse.urlencode([("question", q) for q in questions] + [("k", 4)]), None, method="GET")
     assert status == 200
-    assert by_get == post(url, json.dumps({"questions": questions, "k": 4}).encode())[1]
+    by_post = post(url, json.dumps({"questions": questions, "k": 4}).encode())[1]
+    # The same rankings, node for node and triple for triple; the scores to rounding (one request's float
+    # reductions need not match another's to the last bit: a whole-reply comparison failed once in a suite run).
+    scores = [[n.pop("score") for n in r["nodes"]] for r in (*by_get["results"], *by_post["results"])]
+    assert by_get == by_post
+    half = len(scores) // 2
+    assert scores[:half] == [pytest.approx(row, rel=1e-5, abs=1e-6) for row in scores[half:]]
     assert [len(r["nodes"]) for r in by_get["results"]] == [4, 4]
     for query, message in (("k=3", '"question"'), ("question=a&k=three", "not 'three'"), ("question=a&k=0", '"k"')):
         got, reply = post(f"{url}?{query}", None, method="GET")
