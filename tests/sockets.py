@@ -18,11 +18,6 @@ from dataclasses import dataclass
 import pytest
 
 
-needs_ss = pytest.mark.skipif(shutil.which("ss") is None,
-                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-
-
 @dataclass(frozen=True)
 class Listener:
     proto: str  # tcp or udp
@@ -37,6 +32,11 @@ class Listener:
 
 def ss_available() -> bool:
     return shutil.which("ss") is not None
+
+
+needs_ss = pytest.mark.skipif(not ss_available(),
+                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
 def is_loopback(address: str) -> bool:
