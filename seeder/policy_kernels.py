@@ -42,7 +42,14 @@ def group_edges(src: np.ndarray, dst: np.ndarray, edge_type: np.ndarray, num_nod
 _MATH = {"reassoc", "contract"}
 """Sums over D in any order and fused multiply-adds, so the loops over D vectorise. The kernels that
 inline the per-node helpers need the flags too: inlined code is compiled with the caller's (without
-them, 2.3-2.6 ms forward and 3.6 ms backward on a 23K-edge MetaQA propagation, 2.0 and 2.9-3.0 with)."""
+them, 2.3-2.6 ms forward and 3.6 ms backward on a 23K-edge MetaQA propagation, 2.0 and 2.9-3.0 with).
+
+A sum over D is kept out of a loop over D that also stores into an array. LLVM vectorises such a loop
+behind a run-time test that the stored array does not overlap the ones read (numba cannot say they
+never do), and where the addresses fail it (an array allocated just after another's row) runs the loop's
+scalar copy, which adds in another order. The result then depended on where malloc had put the arrays:
+the first training step of a process, a resumed run's, differed in its last bits from a run that went
+on. A loop that only reads has no such test, so its order is fixed by D alone."""
 
 
 @njit(cache=True, nogil=True, fastmath=_MATH, inline="always")
@@ -245,11 +252,11 @@ def add_dropout_layer_norm(x, u, bias, mask, cut, scale, gamma, beta, eps, y, xh
         # vectorising (2.2 times slower; so was this loop as an inlined helper).
         for d in range(dim * masked):
             keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
-        mean = np.float32(0.0)
         for d in range(dim):
-            z = x[i, d] + (u[i, d] + bias[d]) * keep[d]
-            row[d] = z
-            mean += z
+            row[d] = x[i, d] + (u[i, d] + bias[d]) * keep[d]
+        mean = np.float32(0.0)
+        for d in range(dim):  # a loop that only reads (see _MATH)
+            mean += row[d]
         mean *= inv_dim
         var = np.float32(0.0)
         for d in range(dim):
@@ -277,10 +284,11 @@ def add_dropout_layer_norm_backward(grad, xhat, rstd, gamma, mask, cut, scale, d
             keep[d] = scale if mask[i * dim + d] >= cut else np.float32(0.0)
         dot_h = np.float32(0.0)
         dot_1 = np.float32(0.0)
-        for d in range(dim):
+        for d in range(dim):  # sums in a loop that only reads (see _MATH)
             g = grad[i, d] * gamma[d]
             dot_1 += g
             dot_h += g * xhat[i, d]
+        for d in range(dim):
             d_gamma[d] += grad[i, d] * xhat[i, d]
             d_beta[d] += grad[i, d]
         dot_1 *= inv_dim

@@ -82,3 +82,29 @@ def test_fused_node_update_is_reproducible_from_the_torch_seed_and_drops_in_trai
     layer.eval()
     torch.testing.assert_close(nu.node_update(layer, x, aggregated), reference(layer, x, aggregated, [[]] * 3),
                                atol=2e-6, rtol=1e-5)
+
+
+def _shuffled_heap(rng: np.random.Generator) -> list[np.ndarray]:
+    """Small arrays allocated (some kept, some freed) so that the next allocations land elsewhere."""
+    junk = [np.empty(int(k)) for k in rng.integers(1, 40, 5)]
+    return junk[: int(rng.integers(0, 3))]
+
+
+def test_fused_node_update_gives_the_same_bits_wherever_its_arrays_lie():
+    """A sum in a loop that also stores was vectorised behind a run-time test of the arrays' addresses and
+    ran in another order when it failed: the first training step of a process (a resumed run's) differed
+    in its last bits with the heap's layout."""
+    torch.manual_seed(0)
+    layer = EdgeModulatedAttention(16, 2, 0.1).train()
+    x, aggregated = torch.randn(40, 16), torch.randn(40, 16)
+    rng, kept, results = np.random.default_rng(0), [], set()
+    for _ in range(150):
+        kept += _shuffled_heap(rng)
+        xi, ai = x.clone().requires_grad_(), aggregated.clone().requires_grad_()
+        layer.zero_grad()
+        torch.manual_seed(1)
+        out = nu.node_update(layer, xi, ai)
+        out.backward(torch.ones_like(out))
+        grads = [xi.grad, ai.grad, *(p.grad for p in layer.parameters() if p.grad is not None)]
+        results.add(b"".join(t.numpy().tobytes() for t in [out.detach(), *grads]))
+    assert len(results) == 1
