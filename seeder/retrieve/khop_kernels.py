@@ -33,10 +33,13 @@ selected, and at 1/8 full their probe mostly ends at the first entry read."""
 
 _ROWS_AHEAD = 16
 """Feature rows requested ahead of the one being read: a candidate's row is mostly a miss to memory
-on a large graph, and with several requests in flight their latencies overlap. Only a row's first
-two cache lines are requested (``_prefetch_row``), into L2: the hardware streams the rest once the
-row is read. At 1M nodes (d = 256), hops took 0.34-0.39 ms a query so, 0.42-0.52 with whole rows
-requested 16 ahead, 0.37-0.46 with whole rows 4 ahead (alternated in one process)."""
+on a large graph, and with several requests in flight their latencies overlap. The whole row is
+requested (``_prefetch_row``), into L2. On November 27, alternated in one process on bench_expand's
+graphs (identical subgraphs), whole rows 16 ahead took 0.405 / 0.357 ms a query at 100K nodes and
+0.435 / 0.427 at 1M, against 0.485 / 0.425 and 0.545 / 0.516 with the first two lines of each row
+(the hardware streaming the rest once the row is read); 8, 12 and 24 ahead were within 0.01-0.03 ms
+of 16. A bare loop of random 1 KB row reads behaves alike: 101 / 125 ns a row at 100K / 1M against
+149 / 183 ns with two lines requested (and 38 / 46 ns with int16 rows of half the bytes)."""
 
 _SLICES_AHEAD = 4
 """CSR slices requested ahead of the one being scanned (as ``_ROWS_AHEAD``); a node's offsets in
@@ -69,9 +72,9 @@ def _prefetch(typingctx, array, index):
 
 @njit(cache=True, nogil=True, inline="always")
 def _prefetch_row(row: np.ndarray) -> None:
-    """Prefetch the first two cache lines of a contiguous feature row (see ``_ROWS_AHEAD``)."""
+    """Prefetch every cache line of a contiguous feature row (see ``_ROWS_AHEAD``)."""
     step = max(64 // row.itemsize, 1)
-    for i in range(0, min(row.shape[0], 2 * step), step):
+    for i in range(0, row.shape[0], step):
         _prefetch(row, i)
 
 
