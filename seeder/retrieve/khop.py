@@ -35,7 +35,7 @@ edges tied at its best term the smallest trie node names its path.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -95,6 +95,22 @@ class GraphIndex:
     heavy_mask: np.ndarray  # bool [N]
     heavy_keys: np.ndarray  # int64, sorted
     heavy_rel: np.ndarray  # int32, relation of each heavy_keys entry
+    samples: dict = field(default_factory=dict, repr=False)  # neighbor_cap -> capped_samples(neighbor_cap)
+
+    def capped_samples(self, neighbor_cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, neighbours [H * cap], relations [H * cap]) of the H nodes whose degree exceeds
+        ``neighbor_cap``: the fixed-stride sample a hop takes of such a node's slice, stored contiguously
+        (built once per cap). On a large graph a hub's sample is cap scattered entries of its slice, a
+        cache line each (at 1M nodes its 1,000 of 100K neighbours lie 400 bytes apart); copied together
+        they are 4 KB, which stay cached from one query to the next."""
+        if neighbor_cap not in self.samples:
+            degree = np.diff(self.indptr)
+            ids = np.flatnonzero(degree > neighbor_cap)
+            step = np.arange(neighbor_cap, dtype=np.int64)
+            pos = (self.indptr[ids][:, None] + (step[None, :] * degree[ids][:, None]) // neighbor_cap).reshape(-1)
+            self.samples[neighbor_cap] = (ids.astype(np.int64), np.asarray(self.neighbors)[pos],
+                                          np.asarray(self.relations)[pos])
+        return self.samples[neighbor_cap]
 
     @classmethod
     def build(cls, kg, heavy_degree: int = HEAVY_DEGREE) -> "GraphIndex":
@@ -208,8 +224,10 @@ def expand_batch(
     else:
         path_terms = end_terms = np.zeros((0, 0), np.float32)
         trie_children = np.zeros((0, 0), np.int64)
+    sampled_ids, sampled_neighbors, sampled_relations = graph.capped_samples(cfg.neighbor_cap)
     counts, nodes, hop, score, path_end = expand_hops(
-        _frozen(graph.indptr), _frozen(graph.neighbors), _frozen(graph.relations), _frozen(node_features),
+        _frozen(graph.indptr), _frozen(graph.neighbors), _frozen(graph.relations), _frozen(sampled_ids),
+        _frozen(sampled_neighbors), _frozen(sampled_relations), _frozen(node_features),
         query_features, seeds, np.asarray(cfg.keep_per_hop, dtype=np.int64), cfg.budget, cfg.neighbor_cap,
         cfg.candidate_cap, np.asarray(cfg.weights, dtype=np.float32), cfg.parent_term == "score", learned,
         relation_features, path_terms, trie_children, end_terms, np.float32(OFF_PATH_TERM),

@@ -305,3 +305,25 @@ def test_learned_filter_matches_brute_force_reference_with_ties(random_graph, pa
         as_global = [(nodes[s], nodes[d], int(r)) for s, d, r in zip(*edge_fields)]
         assert as_global == sorted(as_global, key=lambda e: (nodes.index(e[0]), nodes.index(e[1]), e[2]))
         assert set(as_global) == induced_reference(edges, nodes)
+
+
+def test_each_hub_is_sampled_from_its_own_slice(tmp_path):
+    """Two hubs above neighbor_cap: a seed at either one scores exactly its own stride sample, which
+    ``GraphIndex.capped_samples`` stores contiguously, hub after hub."""
+    rng = np.random.default_rng(1)
+    a, b = 700, 900  # leaves of hub 0 and of hub 1
+    n = 2 + a + b
+    src = np.concatenate([np.zeros(a, int), np.ones(b, int)])
+    dst = np.concatenate([np.arange(2, 2 + a), np.arange(2 + a, n)])
+    kg = make_graph(tmp_path / "stars", src, dst, np.zeros(len(src), int), n, 1)
+    nf, rf, qf = normalised(rng, n, 8), normalised(rng, 2, 8), normalised(rng, 1, 8)
+    cap = 50
+    ids, neighbors, _ = GraphIndex.build(kg).capped_samples(cap)
+    assert ids.tolist() == [0, 1] and len(neighbors) == 2 * cap
+    cfg = ExpandConfig(budget=100, hops=1, keep_per_hop=[99], neighbor_cap=cap, candidate_cap=10_000)
+    for hub in (0, 1):
+        degree = int(kg.degree()[hub])
+        want = np.asarray(kg.neighbors)[kg.indptr[hub] + (np.arange(cap) * degree) // cap]
+        assert neighbors[hub * cap : (hub + 1) * cap].tolist() == want.tolist()
+        got = run(kg, nf, rf, qf, np.array([[hub]]), cfg)
+        assert set(got.nodes[got.hop == 1].tolist()) == set(want.tolist())
