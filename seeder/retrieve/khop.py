@@ -43,6 +43,7 @@ from seeder.config import AUTO, ConfigError, ExpandConfig, RelationScore, Seeder
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.khop_kernels import expand_hops, induced_edges_kernel
+from seeder.retrieve.paths import sampled_slices
 from seeder.retrieve.prior import OFF_PATH_TERM
 from seeder.retrieve.registry import register
 from seeder.subgraphs import SubgraphSet, _offsets, sorted_lookup
@@ -104,12 +105,9 @@ class GraphIndex:
         cache line each (at 1M nodes its 1,000 of 100K neighbours lie 400 bytes apart); copied together
         they are 4 KB, which stay cached from one query to the next."""
         if neighbor_cap not in self.samples:
-            degree = np.diff(self.indptr)
-            ids = np.flatnonzero(degree > neighbor_cap)
-            step = np.arange(neighbor_cap, dtype=np.int64)
-            pos = (self.indptr[ids][:, None] + (step[None, :] * degree[ids][:, None]) // neighbor_cap).reshape(-1)
-            self.samples[neighbor_cap] = (ids.astype(np.int64), np.asarray(self.neighbors)[pos],
-                                          np.asarray(self.relations)[pos])
+            ids = np.flatnonzero(np.diff(self.indptr) > neighbor_cap).astype(np.int64)
+            pos, _ = sampled_slices(self.indptr, ids, neighbor_cap)  # cap positions per node, node after node
+            self.samples[neighbor_cap] = (ids, np.asarray(self.neighbors)[pos], np.asarray(self.relations)[pos])
         return self.samples[neighbor_cap]
 
     @classmethod
