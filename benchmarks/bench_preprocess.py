@@ -83,14 +83,13 @@ def part_embedding(args) -> dict:
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
     table = pa.table({"kind": np.zeros(len(texts), np.int8), "row": np.arange(len(texts)), "id": np.arange(len(texts)), "text": texts})
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        ds, (actors, threads) = embedding_dataset(ray, table, Path(tmp) / "inputs", cfg, 1024)
-        ids, embs = [], []
-        for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
-            ids.append(batch["id"])
-            embs.append(np.asarray(batch["embedding"]))
-        ray_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ds, (actors, threads) = embedding_dataset(ray, table, cfg, 1024)
+    ids, embs = [], []
+    for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+        ids.append(batch["id"])
+        embs.append(np.asarray(batch["embedding"]))
+    ray_s = time.perf_counter() - start
     ray.shutdown()
     ids = np.concatenate(ids)
     emb = np.concatenate(embs)[np.argsort(ids)]

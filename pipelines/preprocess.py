@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,6 +34,7 @@ from seeder.config import ConfigError, SeederConfig, load_config, parse_override
 from seeder.derive import derive_defaults, derive_unset, needs_derivation
 from seeder.io import DataError, now, output_lock, read_manifest, write_manifest
 from seeder.progress import Progress
+from seeder import storage
 from seeder.storage import is_uri, join, output_directory
 from seeder.store import KnowledgeGraph, open_dataset
 
@@ -73,31 +74,35 @@ def block_rows(batch_rows: int, gpu: bool) -> int:
     return max(batch_rows, GPU_BLOCK_ROWS) if gpu else batch_rows
 
 
-def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
-    """The Ray Data pipeline that embeds ``table``'s ``text`` column (keeping ``kind``, ``row``, ``id``):
-    Parquet parts under ``inputs_dir``, read one block per file, through the pool of ``embed_pool``.
-    Returns the dataset and the pool's (actors, torch threads per actor)."""
+class NodeTaggedEncoder(EncoderUDF):
+    """The encoder actor, with the Ray node it runs on added to every output row, so that the embed
+    stage can record which node encoded what."""
+
+    def __init__(self, embed_config: dict, num_threads: int):
+        import ray
+
+        super().__init__(embed_config, num_threads)
+        self.node = ray.get_runtime_context().get_node_id()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().__call__(batch)
+        out["node"] = np.full(len(out["row"]), self.node)
+        return out
+
+
+def embedding_dataset(ray, table, ec, batch_rows: int):
+    """The Ray Data pipeline that embeds ``table``'s ``text`` column (keeping ``kind``, ``row``, ``id``,
+    adding ``node``) through the pool of ``embed_pool``. Returns the dataset and the pool's (actors,
+    torch threads per actor)."""
     import ray.data as data  # binds only ``data``: the ``ray`` argument stays the caller's module
 
     actors, threads, remote = embed_pool(ray.cluster_resources(), ec)
     batch_rows = block_rows(batch_rows, gpu="num_gpus" in remote)
-    # The texts go through Parquet files (not the driver's object store) in several blocks, so that
-    # every actor of the pool gets work. One file per block: Ray Data reads a Parquet file as one
-    # block whatever its row groups.
+    # The texts go from the driver into Ray's object store as several blocks, so that every actor of
+    # the pool, on whichever node, gets work; no file of the driver is read anywhere else.
     chunks = max(actors * 4, table.num_rows // (batch_rows * 4) + 1)
-    shutil.rmtree(inputs_dir, ignore_errors=True)
-    inputs_dir.mkdir(parents=True)
     step = -(-table.num_rows // chunks)
-    for i, start in enumerate(range(0, table.num_rows, step)):
-        pp.write_table_atomic(table.slice(start, step), inputs_dir / f"part-{i:05d}.parquet")
-    # read_parquet packs small files into one read task, and one block would reach a single
-    # actor: make one block per file explicitly. One read task at a time: reading a part takes
-    # milliseconds, and each concurrent task needs a worker process whose start-up (about 1 s of CPU)
-    # would compete with the encoder actors importing torch (3.7 s instead of 1.1 s, seen on 2 cores).
-    files = [str(f) for f in sorted(inputs_dir.glob("part-*.parquet"))]
-    ds = data.from_items([{"path": f} for f in files], override_num_blocks=len(files))
-    ds = ds.map_batches(pp.read_parquet_files, batch_size=1, batch_format="numpy", num_cpus=0.1,
-                        compute=data.TaskPoolStrategy(size=1))
+    ds = data.from_arrow([table.slice(start, step) for start in range(0, table.num_rows, step)])
     # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
     # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
     ds.context.execution_no_progress_timeout_s = 6 * 3600
@@ -105,7 +110,7 @@ def embedding_dataset(ray, table, inputs_dir: Path, ec, batch_rows: int):
     # terminal, its log line per operator every few seconds.
     ds.context.enable_progress_bars = False
     ds = ds.map_batches(
-        EncoderUDF,
+        NodeTaggedEncoder,
         fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
         compute=data.ActorPoolStrategy(size=actors),
         batch_size=batch_rows,
@@ -125,42 +130,60 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     reused = sum(collector.num_blocks(k) - len(pending[k]) for k in pp.KINDS)
     if reused:
         print(f"embed: resuming, {reused} finished shards kept, {table.num_rows:,} texts left", flush=True)
+    by_node: Counter = Counter()
     if table.num_rows:
-        ds, _ = embedding_dataset(ray, table, work / "inputs", config.embed, max(config.embed.batch_size, args.udf_batch))
+        ds, _ = embedding_dataset(ray, table, config.embed, max(config.embed.batch_size, args.udf_batch))
         with Progress(table.num_rows, "embed", "texts") as bar:
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+                nodes, texts = np.unique(batch["node"], return_counts=True)
+                by_node.update(dict(zip(nodes.tolist(), texts.tolist())))
                 if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
                     pp.maybe_stop_for_test("embed", collector.written)
                 bar.update(len(batch["row"]))
         if collector.unfinished():
             raise DataError(f"embed: the encoder returned incomplete blocks: {collector.unfinished()[:3]}")
-    shutil.rmtree(work / "inputs", ignore_errors=True)
-    (work / "inputs.parquet").unlink(missing_ok=True)
     info = pp.finish_embed(work, kg)
-    return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows)}
+    return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows),
+            "texts_by_node": dict(sorted(by_node.items()))}
 
 
-def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, kg: KnowledgeGraph, config: SeederConfig, args,
-                     out: Path) -> dict:
-    """One Ray task per block of queries, each writing its own shard; a rerun keeps finished shards."""
+def on_node(task, *args):
+    """Run a library task and say which Ray node ran it (Ray's remote wrapper; the library has no Ray)."""
+    import ray
+
+    shard, info = task(*args)
+    return shard, {**info, "node": ray.get_runtime_context().get_node_id()}
+
+
+def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, artifacts: str, config: SeederConfig,
+                     args) -> dict:
+    """One Ray task per block of queries; each reads the dataset and the finished stages from their
+    locations (``dataset``, ``artifacts``) and returns its shard through the object store, and the
+    driver writes it, so that no task touches a path of the driver. A rerun keeps finished shards."""
     blocks = pp.query_blocks(query_ids, args.query_block)
     work = stage.open({"query_block": args.query_block})
     todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
     if len(todo) < len(blocks):
         print(f"{stage.name}: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
+    by_node: dict[str, list[int]] = {}
     if todo:
-        remote = ray.remote(num_cpus=1)(task)
+        # Retried on another node when its node dies (Ray's default for tasks is 3 retries).
+        remote = ray.remote(num_cpus=1, max_retries=3)(on_node)
         config_dict = to_dict(config)
-        futures = [remote.remote(str(kg.path), str(out), str(work), b, blocks[b], config_dict) for b in todo]
+        pending = {remote.remote(task, dataset, artifacts, blocks[b], config_dict): b for b in todo}
         done = 0
         with Progress(int(sum(len(blocks[b]) for b in todo)), stage.name, "queries") as bar:
-            while futures:
-                ready, futures = ray.wait(futures, num_returns=1)
-                result = ray.get(ready[0])
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                block = pending.pop(ready[0])
+                shard, result = ray.get(ready[0])
+                pp.write_table_atomic(shard, pp.subgraph_shard_path(work, block))
+                by_node.setdefault(result["node"], []).append(block)
                 done += 1
                 bar.update(int(result["queries"]))
                 pp.maybe_stop_for_test(stage.name, done)
-    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo)}
+    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo),
+            "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -194,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         dataset = args.dataset if is_uri(args.dataset) else str(Path(args.dataset).resolve())
         kg = open_dataset(dataset)
         target = args.out if is_uri(args.out) else str(Path(args.out).resolve())
-        # A URI is published only when every stage finished: an error leaves it as it was.
+        # A URI gets its manifest only when every stage finished: after an error it does not look complete.
         with output_directory(target) as out, output_lock(out):
             run_stages(args, config, kg, dataset, out, target)
     except (ConfigError, DataError) as exc:
@@ -231,6 +254,7 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
     total_start = time.perf_counter()
 
     recomputed = []  # stages computed in this run: the stages after them are computed again too
+    inputs = target if is_uri(target) else str(out)  # where a task reads the finished stages
 
     def stage_run(name, body, items, unit, detail):
         stage = pp.StageDir(out, name, fps[name])
@@ -256,6 +280,23 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
                      verify_seconds=round(verify_seconds, 4), record_seconds=done.get("record_seconds"))
         manifest["stages"][name] = {"fingerprint": fps[name], "skipped": skipped, "seconds": done["seconds"]}
         write_manifest(out, manifest)
+        share_stage(name)
+
+    def share_stage(name):
+        # Tasks on other nodes read a finished stage from the artifacts location. A URI gets each
+        # stage as it completes; its top manifest is withdrawn first, so that the location never
+        # looks complete while its stages change, and comes back last when the run ends.
+        if not is_uri(target):
+            return
+        local = read_manifest(out / name)
+        if storage.published_manifest(join(target, name)) == local:
+            return
+        if not retracted:
+            storage.retract(target)
+            retracted.append(True)
+        storage.publish(out / name, join(target, name))
+
+    retracted: list[bool] = []
 
     def need_ray():
         nonlocal ray
@@ -282,15 +323,16 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
               f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
     if "paths" in fps:
         train_count = len(pp.train_query_ids(kg))
-        stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), kg,
-                                                      config, args, out), train_count, "queries",
+        stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), dataset,
+                                                      inputs, config, args), train_count, "queries",
                   f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
         stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
                   "relation-path prior fitted")
         for line in pp.path_summary(out, kg):
             print(line)
     stage_run("subgraphs", lambda s: run_query_blocks(need_ray(), s, pp.expand_block,
-                                                      np.load(out / "features" / "query_ids.npy"), kg, config, args, out),
+                                                      np.load(out / "features" / "query_ids.npy"), dataset, inputs,
+                                                      config, args),
               counts["queries"],
               "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
 

@@ -297,3 +297,22 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
                     "RAY_raylet_start_wait_time_s, or pass the address of a running cluster"
                 ) from exc
             print(f"{who}: Ray did not start ({exc}); retrying", file=sys.stderr, flush=True)
+
+
+def worker_nodes(ray) -> int:
+    """Alive nodes of the cluster that can run work (CPUs or GPUs to offer)."""
+    return sum(1 for node in ray.nodes() if node.get("Alive") and
+               (node.get("Resources", {}).get("CPU", 0) > 0 or node.get("Resources", {}).get("GPU", 0) > 0))
+
+
+def check_tracking_reaches_workers(ray, uri: str) -> None:
+    """Raise a ``DataError`` when runs on other nodes could not log to ``uri``: a ``sqlite:`` or file
+    store is a path of this node, and a training worker or a sweep trial runs on any node of a
+    cluster. One node (an embedded local Ray) may use it."""
+    from seeder.io import DataError
+
+    if uri.startswith(("http://", "https://", "databricks")) or worker_nodes(ray) <= 1:
+        return
+    raise DataError(f"MLflow store {uri} is a path of this node, and this cluster has {worker_nodes(ray)} nodes "
+                    "that run work: start `mlflow server --host 127.0.0.1 ...` on the head (see README, "
+                    "'Scaling out') and set MLFLOW_TRACKING_URI=http://HEAD:PORT for the job, or pass --no-mlflow")

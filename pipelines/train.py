@@ -41,7 +41,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-from pipelines.ray_runtime import add_ray_arguments, cluster_address, start_ray
+from pipelines.ray_runtime import add_ray_arguments, check_tracking_reaches_workers, cluster_address, start_ray
 from seeder import tracking
 from seeder.cli import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
@@ -426,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 1
+    if run is not None:
+        try:
+            check_tracking_reaches_workers(ray, tracking.tracking_uri())
+        except DataError as exc:
+            print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
+            run.fail(str(exc))
+            return 2
     if local:
         problem = local_shortfall(ray.cluster_resources(), args.num_workers, args.use_gpu, args.cpus_per_worker)
         if problem:

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from seeder.config import ConfigError, SeederConfig, to_dict
 from seeder.io import (DataError, checksum_matches, file_records, fingerprint_json, now, read_manifest, verify_outputs,
                        write_manifest)
+from seeder.storage import fetch, join
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
 from seeder.artifacts import read_seed_table
@@ -308,11 +309,6 @@ def embed_text_table(inputs: dict[str, tuple[np.ndarray, pa.Array]], pending: di
     return pa.concat_tables(parts)
 
 
-def read_parquet_files(batch: dict[str, np.ndarray]) -> pa.Table:
-    """The rows of the Parquet files named in ``batch["path"]`` (one map step per input block)."""
-    return pa.concat_tables([pq.read_table(str(path)) for path in batch["path"]])
-
-
 class ShardCollector:
     """Groups streamed ``(kind, row, id, embedding)`` rows into fixed row blocks of ``shard_rows`` and
     writes a block's shard (rows sorted, ids kept) as soon as all of its rows have arrived. Rows can
@@ -494,15 +490,17 @@ def train_query_ids(kg: KnowledgeGraph) -> np.ndarray:
     return np.sort(kg.queries_of("train").column("id").to_numpy())
 
 
-def paths_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:
-    """Golden relation paths of one block of training questions, written as one shard (atomically)."""
+def paths_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: dict) -> tuple[pa.Table, dict[str, Any]]:
+    """Golden relation paths of one block of training questions: (the block's shard, counts).
+
+    ``dataset`` and ``artifacts`` are locations (see ``stage_input``); the caller writes the shard."""
     from seeder.config import SeederConfig, from_dict
     from seeder.retrieve.paths import GOLDEN_SCHEMA, golden_paths_batched
 
     start = time.perf_counter()
     cfg = from_dict(SeederConfig, config)
     kg = open_dataset(dataset)
-    seed_qids, seeds, _ = _seed_arrays(str(Path(artifacts) / "seeds" / "seeds.parquet"))
+    seed_qids, seeds, _ = _seed_arrays(str(stage_input(artifacts, "seeds") / "seeds.parquet"))
     seeds = seeds[np.searchsorted(seed_qids, query_ids)]
     queries = _query_table(dataset)
     picked = queries.take(pa.array(np.searchsorted(queries.column("id").to_numpy(), query_ids)))
@@ -521,8 +519,8 @@ def paths_block(dataset: str, artifacts: str, out_dir: str, block: int, query_id
             "answers": pa.array(counts[found["query"]].astype(np.int32), pa.int32()),
         }
     )
-    write_table_atomic(table.cast(GOLDEN_SCHEMA), subgraph_shard_path(Path(out_dir), block))
-    return {"block": block, "queries": len(query_ids), "paths": table.num_rows, "seconds": time.perf_counter() - start}
+    return table.cast(GOLDEN_SCHEMA), {"queries": len(query_ids), "paths": table.num_rows,
+                                       "seconds": time.perf_counter() - start}
 
 
 def read_golden_paths(directory: Path) -> pa.Table:
@@ -579,7 +577,14 @@ def path_summary(artifacts: Path, kg: KnowledgeGraph, top: int = 10) -> list[str
 
 
 # ---------------------------------------------------------------------------------------------------
-# Subgraphs stage: one block of queries, run in a worker that opens everything by path
+# Subgraphs stage: one block of queries, run in a worker that opens everything from its location
+
+
+def stage_input(artifacts: str, stage: str) -> Path:
+    """A finished stage's directory as a local path, in whichever process and node asks: a local
+    ``artifacts`` path is read in place (it must then exist on every node, as a shared filesystem
+    does), a URI's stage directory is fetched into this node's cache (``seeder.storage.fetch``)."""
+    return fetch(join(artifacts, stage))
 
 
 def query_blocks(query_ids: np.ndarray, block_size: int) -> list[np.ndarray]:
@@ -616,37 +621,37 @@ def _prior(directory: str):
     return RelationPathPrior.load(Path(directory))
 
 
-def expand_block(dataset: str, artifacts: str, out_dir: str, block: int, query_ids: np.ndarray, config: dict) -> dict[str, Any]:
-    """Expand one block of queries and write its shard (atomically). Everything is opened by path
-    and memory-mapped, so a worker never receives the graph or the features through Ray."""
+def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: dict) -> tuple[pa.Table, dict[str, Any]]:
+    """Expand one block of queries: (the block's subgraph shard, counts). The graph and the features
+    are opened from their locations and memory-mapped (``stage_input``), so a worker never receives
+    them through Ray; the caller writes the shard."""
     from seeder.config import SeederConfig, from_dict
     from seeder.retrieve.khop import expand_queries
 
     start = time.perf_counter()
     cfg = from_dict(SeederConfig, config)
     kg = open_dataset(dataset)
-    artifacts_path = Path(artifacts)
-    features = artifacts_path / "features"
+    features = stage_input(artifacts, "features")
     node_features = np.load(features / "node.npy", mmap_mode="r")
     relation_features = np.load(features / "relation.npy", mmap_mode="r")
     query_features = np.load(features / "query.npy", mmap_mode="r")
     all_query_ids = np.load(features / "query_ids.npy")
     rows = np.searchsorted(all_query_ids, query_ids)
-    seed_qids, seeds, seed_scores = _seed_arrays(str(artifacts_path / "seeds" / "seeds.parquet"))
+    seed_qids, seeds, seed_scores = _seed_arrays(str(stage_input(artifacts, "seeds") / "seeds.parquet"))
     seed_rows = np.searchsorted(seed_qids, query_ids)
     queries = _query_table(dataset)
     q_rows = np.searchsorted(queries.column("id").to_numpy(), query_ids)
     picked = queries.take(pa.array(q_rows))
     answer_ptr, answers = answer_csr(picked)
     splits = np.asarray(picked.column("split").to_pylist(), dtype=object)
-    prior = _prior(str(artifacts_path / "prior")) if cfg.expand.relation_score == "learned" else None
+    prior = _prior(str(stage_input(artifacts, "prior"))) if cfg.expand.relation_score == "learned" else None
     subgraphs = expand_queries(
         kg, node_features, relation_features, np.asarray(query_features[rows]), seeds[seed_rows], seed_scores[seed_rows],
         cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset), prior=prior,
         texts=picked.column("text").to_pylist(),
     )
-    write_table_atomic(subgraphs.to_arrow(), subgraph_shard_path(Path(out_dir), block))
-    return {"block": block, "queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()), "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}
+    return subgraphs.to_arrow(), {"queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()),
+                                  "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}
 
 
 # ---------------------------------------------------------------------------------------------------

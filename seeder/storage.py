@@ -14,6 +14,7 @@ servers, and credentials come from the usual environment (``AWS_*``, ``GOOGLE_AP
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -85,20 +86,37 @@ def fetch(path: str | os.PathLike) -> Path:
     manifest = _read_remote_manifest(fs, root)
     if manifest is None:
         raise DataError(f"{uri}: no {MANIFEST} there (missing, or an upload that did not finish); publish it again")
-    local = cache_root() / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    key = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    local = cache_root() / key
     cached = local / MANIFEST
-    if cached.is_file() and json.loads(cached.read_text()) == manifest:
-        return local
-    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=_ensure(cache_root())))
-    try:
-        pafs.copy_files(root, str(tmp), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-        if json.loads((tmp / MANIFEST).read_text()) != manifest:
-            raise DataError(f"{uri}: its manifest changed while it was being fetched; try again")
-        shutil.rmtree(local, ignore_errors=True)
-        os.replace(tmp, local)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # Several processes of one node (a Ray worker per block) fetch the same directory at once: one
+    # copies, the others wait and then find it cached, instead of replacing it under each other.
+    with _cache_lock(key):
+        if cached.is_file() and json.loads(cached.read_text()) == manifest:
+            return local
+        tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=_ensure(cache_root())))
+        try:
+            pafs.copy_files(root, str(tmp), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+            if json.loads((tmp / MANIFEST).read_text()) != manifest:
+                raise DataError(f"{uri}: its manifest changed while it was being fetched; try again")
+            shutil.rmtree(local, ignore_errors=True)
+            os.replace(tmp, local)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return local
+
+
+@contextlib.contextmanager
+def _cache_lock(key: str) -> Iterator[None]:
+    """An exclusive lock on one cache entry, held by this process until the block ends (released by
+    the kernel if the process dies)."""
+    lock_dir = _ensure(cache_root() / ".locks")
+    with open(lock_dir / key, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ensure(directory: Path) -> Path:
@@ -117,11 +135,30 @@ def publish(local_dir: str | os.PathLike, uri: str) -> None:
         fs.delete_file(f"{root}/{MANIFEST}")
     fs.create_dir(root, recursive=True)
     top_manifest = local_dir / MANIFEST
-    for file in sorted(p for p in local_dir.rglob("*") if p.is_file() and p != top_manifest):
+    # A subdirectory with a manifest of its own that is already published as it is here (a stage that
+    # preprocessing shared as it finished) is not uploaded twice.
+    unchanged = [sub for sub in local_dir.iterdir() if sub.is_dir() and (sub / MANIFEST).is_file()
+                 and _read_remote_manifest(fs, f"{root}/{sub.name}") == json.loads((sub / MANIFEST).read_text())]
+    for file in sorted(p for p in local_dir.rglob("*") if p.is_file() and p != top_manifest
+                       and not any(p.is_relative_to(sub) for sub in unchanged)):
         rel = file.relative_to(local_dir).as_posix()
         fs.create_dir(f"{root}/{rel}".rsplit("/", 1)[0], recursive=True)
         pafs.copy_files(str(file), f"{root}/{rel}", source_filesystem=local, destination_filesystem=fs)
     pafs.copy_files(str(top_manifest), f"{root}/{MANIFEST}", source_filesystem=local, destination_filesystem=fs)
+
+
+def published_manifest(uri: str) -> dict | None:
+    """The manifest published at ``uri``, or None when nothing complete is there."""
+    fs, root = _filesystem(uri)
+    return _read_remote_manifest(fs, root)
+
+
+def retract(uri: str) -> None:
+    """Delete the manifest at ``uri``, so that a directory about to change no longer looks complete
+    (its files stay: a later ``publish`` overwrites them and puts the manifest back last)."""
+    fs, root = _filesystem(uri)
+    if fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File:
+        fs.delete_file(f"{root}/{MANIFEST}")
 
 
 @contextlib.contextmanager

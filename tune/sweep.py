@@ -30,7 +30,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # Persist the experiment state often, so that an interruption loses at most a few seconds of it.
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 
-from pipelines.ray_runtime import add_ray_arguments, start_ray
+from pipelines.ray_runtime import add_ray_arguments, check_tracking_reaches_workers, start_ray
 from seeder import sweep as sw
 from seeder.cli import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
@@ -304,7 +304,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    start_ray(args.ray_address, args.num_cpus, who="sweep")
+    check_tracking_reaches_workers(start_ray(args.ray_address, args.num_cpus, who="sweep"), uri)
     resuming = args.resume and tune.Tuner.can_restore(str(Path(storage) / name) if experiment_dir else f"{storage}/{name}")
     if args.resume and not resuming:
         print(f"nothing to resume at {storage}/{name}; starting the sweep", file=sys.stderr)
