@@ -270,6 +270,11 @@ class PCA:
             return cls(data["mean"], data["components"], data["explained_variance"])
 
 
+def pca_sample_rows(n: int, sample: int, seed: int) -> np.ndarray:
+    """The sorted rows of ``n`` that a PCA fit reads: ``sample`` of them drawn with ``seed``, or all."""
+    return np.sort(np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False))
+
+
 def fit_pca(x: np.ndarray, dim: int, sample: int = 100_000, seed: int = 0) -> PCA:
     """Principal axes of a random sample of rows of ``x`` (memmap ok).
 
@@ -281,8 +286,7 @@ def fit_pca(x: np.ndarray, dim: int, sample: int = 100_000, seed: int = 0) -> PC
         raise ConfigError(f"reduce.dim={dim} must be between 1 and the embedding width {d_in} (or 0 to skip PCA)")
     if n == 0:
         raise ConfigError("cannot fit a PCA on zero rows")
-    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False))
-    data = np.asarray(x[rows], dtype=np.float64)
+    data = np.asarray(x[pca_sample_rows(n, sample, seed)], dtype=np.float64)
     mean = data.mean(axis=0)
     centered = data - mean
     cov = centered.T @ centered / max(len(data) - 1, 1)

@@ -383,24 +383,45 @@ def embedding_column(emb: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
 
 
-def read_embeddings(directory: Path, expected_ids: np.ndarray) -> np.ndarray:
-    """Assemble shards of ``(id, embedding)`` into rows ordered as ``expected_ids`` (sorted); every id
-    must appear exactly once."""
+def embedding_shards(directory: Path, expected_ids: np.ndarray):
+    """Yield ``(rows, embeddings)`` per shard of ``(id, embedding)`` under ``directory``: the positions
+    of the shard's ids in ``expected_ids`` (sorted) and their float32 rows, one shard in memory at a
+    time. Every id must appear exactly once over all shards (checked as they stream)."""
     files = sorted(directory.glob("part-*.parquet"))
-    table = pq.read_table(files) if files else None
-    if table is None or table.num_rows != len(expected_ids):
-        have = 0 if table is None else table.num_rows
+    have = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    if not files or have != len(expected_ids):
         raise DataError(f"{directory}: {have} embedded rows, expected {len(expected_ids)}; rerun the embed stage")
-    ids = table.column("id").to_numpy()
-    col = table.column("embedding").combine_chunks()
-    width = col.type.list_size
-    emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-    pos = np.searchsorted(expected_ids, ids)
-    pos = np.minimum(pos, len(expected_ids) - 1)
-    if not np.array_equal(expected_ids[pos], ids) or np.unique(pos).size != len(pos):
-        raise DataError(f"{directory}: embedded ids do not match the dataset's ids one to one; rerun the embed stage")
-    out = np.empty((len(expected_ids), width), dtype=np.float32)
-    out[pos] = emb
+    seen = np.zeros(len(expected_ids), dtype=bool)
+    for file in files:
+        table = pq.read_table(file)
+        ids = table.column("id").to_numpy()
+        col = table.column("embedding").combine_chunks()
+        emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)
+        pos = np.minimum(np.searchsorted(expected_ids, ids), len(expected_ids) - 1)
+        if not np.array_equal(expected_ids[pos], ids) or seen[pos].any() or np.unique(pos).size != len(pos):
+            raise DataError(f"{file}: embedded ids do not match the dataset's ids one to one; rerun the embed stage")
+        seen[pos] = True
+        yield pos, emb.astype(np.float32, copy=False)
+
+
+def read_embeddings(directory: Path, expected_ids: np.ndarray) -> np.ndarray:
+    """Assemble shards of ``(id, embedding)`` into rows ordered as ``expected_ids`` (sorted)."""
+    out = None
+    for pos, emb in embedding_shards(directory, expected_ids):
+        if out is None:
+            out = np.empty((len(expected_ids), emb.shape[1]), dtype=np.float32)
+        out[pos] = emb
+    return out
+
+
+def read_embedding_rows(directory: Path, expected_ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The embeddings of ``rows`` (sorted positions in ``expected_ids``), streamed shard by shard."""
+    out = None
+    for pos, emb in embedding_shards(directory, expected_ids):
+        if out is None:
+            out = np.empty((len(rows), emb.shape[1]), dtype=np.float32)
+        wanted = np.isin(pos, rows)
+        out[np.searchsorted(rows, pos[wanted])] = emb[wanted]
     return out
 
 
@@ -424,24 +445,34 @@ def finish_embed(partial: Path, kg: KnowledgeGraph) -> dict[str, Any]:
 
 
 def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
-    from seeder.embed import apply_pca, fit_pca
+    """PCA fitted on a bounded, seeded sample of the node embeddings, then every row projected and
+    L2-normalised. Node embeddings stream one shard at a time into a memory-mapped ``node.npy``, so
+    the process never holds all of them (10M x 384 float32 would be 15 GB)."""
+    from seeder.embed import apply_pca, fit_pca, pca_sample_rows
 
     inputs = embed_inputs(kg)
-    nodes = read_embeddings(embed_dir / "nodes", inputs["node"][0])
+    node_ids = inputs["node"][0]
     relations = np.load(embed_dir / "relations.npy")
     queries = read_embeddings(embed_dir / "queries", inputs["query"][0])
     pca = None
     explained = None
     if config.reduce.dim:
-        pca = fit_pca(nodes, config.reduce.dim, config.reduce.fit_sample, config.reduce.seed)
+        sample_rows = pca_sample_rows(len(node_ids), config.reduce.fit_sample, config.reduce.seed)
+        sample = read_embedding_rows(embed_dir / "nodes", node_ids, sample_rows)
+        pca = fit_pca(sample, config.reduce.dim, len(sample), config.reduce.seed)
         pca.save(out / "pca.npz")
-        centered_var = float(np.var(nodes[: config.reduce.fit_sample], axis=0).sum()) or 1.0
-        explained = float(pca.explained_variance.sum() / centered_var)
-    np.save(out / "node.npy", apply_pca(nodes, pca))
+        explained = float(pca.explained_variance.sum() / (float(np.var(sample, axis=0, dtype=np.float64).sum()) or 1.0))
+    width = pca.dim if pca is not None else relations.shape[1]
+    nodes = np.lib.format.open_memmap(out / "node.npy", mode="w+", dtype=np.float32, shape=(len(node_ids), width))
+    for pos, emb in embedding_shards(embed_dir / "nodes", node_ids):
+        nodes[pos] = apply_pca(emb, pca)
+    nodes.flush()
+    del nodes
     np.save(out / "relation.npy", apply_pca(relations, pca))
     np.save(out / "query.npy", apply_pca(queries, pca))
     np.save(out / "query_ids.npy", inputs["query"][0])
-    return {"dim": pca.dim if pca else int(nodes.shape[1]), "input_dim": int(nodes.shape[1]), "explained_variance": explained}
+    return {"dim": width, "input_dim": int(relations.shape[1]), "explained_variance": explained,
+            "pca_sample": int(min(config.reduce.fit_sample, len(node_ids))) if pca is not None else 0}
 
 
 # ---------------------------------------------------------------------------------------------------
