@@ -115,6 +115,9 @@ def embedding_dataset(ray, table, ec, batch_rows: int):
         compute=data.ActorPoolStrategy(size=actors),
         batch_size=batch_rows,
         batch_format="numpy",
+        # Spread the pool over the nodes: packed by default, fractional CPU requests could put every
+        # actor on one node and leave the others idle.
+        scheduling_strategy="SPREAD",
         **remote,
     )
     return ds, (actors, threads)

@@ -227,6 +227,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if loop_config.get("torch_threads"):
         torch.set_num_threads(int(loop_config["torch_threads"]))  # Ray gives workers OMP_NUM_THREADS=1
     device = ray.train.torch.get_device()
+    # Which node each rank runs on, in the job's log: on a cluster, the way to see the work spread.
+    print(f"train: rank {rank} of {world} on node {ray.get_runtime_context().get_node_id()}", flush=True)
 
     artifacts = open_artifacts(fetch(loop_config["artifacts"]))
     train_data = QueryData.from_artifacts(artifacts, "train")
