@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--artifacts", help="artifacts to search (default: the ones the model was trained on)")
     parser.add_argument("--host", default="127.0.0.1", help="address the service binds to (loopback unless told otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    parser.add_argument("--proxy-location", choices=["EveryNode", "HeadOnly"], default="EveryNode",
+                        help="on a cluster, where Ray Serve's HTTP proxies run: on every node that holds a replica "
+                        "(behind a load balancer), or on the head alone (one address to call)")
     parser.add_argument("--through-proxy", action="store_true",
                         help="answer through Ray Serve's HTTP proxy even with one replica on the embedded Ray (with several "
                         "replicas or a cluster it always does); by default that replica answers HTTP itself")
@@ -252,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     start_ray(args.ray_address, who="serve")
-    serve.start(http_options={"host": args.host, "port": proxy_port})
+    serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": proxy_port})
     app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
                     args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision,
                     args.compile, loopback_only=loopback_only)

@@ -266,10 +266,11 @@ def trial_params(swept: dict[str, Any]) -> dict[str, str]:
 
 
 def results_table(records: list[dict[str, Any]], space: dict[str, Dimension]):
-    """One row per trial, best ``METRIC`` first: name, status, epochs, best metric, swept values."""
+    """One row per trial, best ``METRIC`` first: name, status, epochs, best metric, swept values, and
+    the Ray node the trial ran on when the records say."""
     import pandas as pd
 
-    columns = ["trial", "status", "epochs", METRIC, *space]
+    columns = ["trial", "status", "epochs", METRIC, *space, *(["node"] if any(r.get("node") for r in records) else [])]
     frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=columns)
     for key in space:
         frame[key] = frame[key].map(lambda v: format_value(v) if isinstance(v, str) and v.startswith("[") else v)

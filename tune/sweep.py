@@ -107,6 +107,7 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: i
 def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float,
               workers: int = 1) -> None:
     """One trial: a child MLflow run, then ``run_trial`` reporting each epoch to Tune."""
+    import ray
     import torch
     from ray import tune
 
@@ -132,13 +133,15 @@ def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking:
         val_data = QueryData.from_artifacts(artifacts, "val")
         checkpoint = tune.get_checkpoint()
 
+        node = ray.get_runtime_context().get_node_id()  # kept in the trial's record: where it ran
+
         def report(metrics: dict, checkpoint_dir: Path) -> None:
             run.log_epoch(metrics)
             if int(metrics["epoch"]) >= config.train.epochs:
                 # Tune ends a trial that reaches max_t inside this last report: mark it finished first,
                 # or an interrupted sweep would leave completed trials RUNNING in MLflow.
                 run.finish(None, [])
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
+            tune.report({**metrics, "node": node}, checkpoint=tune.Checkpoint.from_directory(str(checkpoint_dir)))
 
         def log_best(state) -> None:
             with tempfile.TemporaryDirectory() as directory:
@@ -171,9 +174,10 @@ def collect(result_grid, epochs: int) -> list[dict]:
             best = float(values.max() if sw.MODE == "max" else values.min()) if len(values) else None
         status = "FAILED" if result.error else ("FINISHED" if done >= epochs else "STOPPED_EARLY")
         params = {k: v for k, v in (result.config or {}).items()}
+        node = None if frame is None or frame.empty or "node" not in frame else str(frame["node"].dropna().iloc[-1])
         records.append(
             {"trial": Path(result.path).name, "status": status, "epochs": done, sw.METRIC: best,
-             "error": str(result.error) if result.error else None, **params}
+             "error": str(result.error) if result.error else None, "node": node, **params}
         )
     return records
 
@@ -392,6 +396,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     for status, count in counts.items():
         client.log_metric(parent_run_id, f"trials_{status.lower()}", count)
     print(f"sweep {name}: {len(records)} trials in {seconds:.0f} s: " + ", ".join(f"{v} {k.lower()}" for k, v in counts.items()))
+    for record in records:
+        print(f"trial {record['trial']} ran on node {record['node']}")
 
     with tempfile.TemporaryDirectory() as tmp:
         report = sw.write_report(records, space, Path(tmp))
