@@ -1,0 +1,298 @@
+"""The README's cluster commands on a real multi-node Ray cluster whose nodes share no disk.
+
+A head with no CPUs and two 1-CPU worker nodes, each in its own mount namespace where the driver's
+files (pytest's temp dirs, the cluster's root) are an empty tmpfs (see harness.py). Storage is an S3
+server. Every command goes through ``ray job submit`` with ``s3://`` locations, as on a cloud
+cluster, and the tests check that both worker nodes did work, that the artifacts equal a one-node
+run's file by file, and that losing a worker node costs time, not the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.train import SNAPSHOT_FILE
+from seeder.checkpoint import DESCRIPTION_FILE
+from tests.cluster import harness
+from tests.datasets import write_tiny_dataset
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+# Small shards, batches and blocks, so that a tiny graph still has work for both nodes in every stage.
+PREPROCESS = ["--shard-rows", "100", "--udf-batch", "16", "--query-block", "5", "embed.batch_size=16", "embed.encoder=hash", "seed.strategy=dense",
+              "expand.relation_score=cosine", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30",
+              "expand.keep_per_hop=[12,18]"]
+TRAIN = ["train.batch_size=8", "train.num_trajectories=2", "train.expansion_sizes=[3,3]",
+         "train.frontier_caps=[8,8]", "train.warmup_epochs=0", "model.hidden_dim=16", "model.num_layers=1",
+         "train.eval_batch_size=64"]
+NOT_COMPARED = {"manifest.json", "summary.json"}  # they record times and nodes, which differ by run
+
+
+def checksums(directory: Path) -> dict[str, str]:
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name not in NOT_COMPARED}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_tiny_dataset(tmp_path_factory.mktemp("data") / "tiny", 60, seed=7, two_hop_answers=False, id_stride=7)
+
+
+@pytest.fixture(scope="module")
+def one_node_artifacts(dataset, tmp_path_factory) -> Path:
+    """The same preprocessing on an embedded one-node Ray, with local paths: the reference. Run before
+    the cluster starts, so that its clean-up of leftover local Ray processes never meets the cluster."""
+    out = tmp_path_factory.mktemp("one-node") / "artifacts"
+    done = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
+                           "--out", str(out), "--ray-address", "local", "--num-cpus", "2", *PREPROCESS],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, env=harness.base_env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def s3():
+    reason = harness.s3_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with harness.s3_server() as bucket:
+        yield bucket
+
+
+@pytest.fixture(scope="module")
+def cluster(one_node_artifacts, request, tmp_path_factory):
+    reason = harness.cluster_unavailable_reason()
+    if reason:
+        pytest.skip(f"multi-node Ray cluster: {reason}")
+    failed_before = request.session.testsfailed
+    with harness.start_cluster(workers=("a", "b"), hidden=[tmp_path_factory.getbasetemp()]) as started:
+        yield started
+        if request.session.testsfailed > failed_before:
+            started.keep_root = True
+
+
+@pytest.fixture(scope="module")
+def dataset_uri(dataset, s3) -> str:
+    from seeder import storage
+
+    uri = s3.uri("seeder/tiny/dataset")
+    with _environment(s3.env):
+        storage.publish(dataset, uri)
+    return uri
+
+
+class _environment:
+    """Set environment variables for a block (the test process reads S3 with them)."""
+
+    def __init__(self, values: dict[str, str]):
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        import os
+
+        for key, value in self.values.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def __exit__(self, *exc):
+        import os
+
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def job_env(cluster: harness.Cluster, s3: harness.S3Bucket) -> dict[str, str]:
+    # SEEDER_CACHE lies under the cluster's root: the head's own folder there, a private tmpfs on
+    # every worker node, so each node keeps its own cache.
+    return {**s3.env, "SEEDER_CACHE": str(cluster.driver_dir / "cache")}
+
+
+def fetched(uri: str, s3: harness.S3Bucket, cache: Path) -> Path:
+    from seeder import storage
+
+    with _environment({**s3.env, "SEEDER_CACHE": str(cache)}):
+        return storage.fetch(uri)
+
+
+def worker_ids(cluster: harness.Cluster) -> set[str]:
+    return {node.node_id for node in cluster.workers.values()}
+
+
+def stage_info(artifacts: Path, stage: str) -> dict:
+    return json.loads((artifacts / stage / "manifest.json").read_text())["info"]
+
+
+def preprocess(cluster, s3, dataset_uri: str, out_uri: str, wait: bool = True):
+    return cluster.submit_job(["python", "pipelines/preprocess.py", "--dataset", dataset_uri, "--out", out_uri,
+                               *PREPROCESS], env=job_env(cluster, s3), wait=wait, timeout=600)
+
+
+def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, dataset_uri, one_node_artifacts,
+                                                                     tmp_path):
+    out_uri = s3.uri("seeder/tiny/artifacts")
+    job = preprocess(cluster, s3, dataset_uri, out_uri)
+    assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
+    artifacts = fetched(out_uri, s3, tmp_path / "cache")
+    assert checksums(artifacts) == checksums(one_node_artifacts)
+    workers = worker_ids(cluster)
+    texts = stage_info(artifacts, "embed")["texts_by_node"]
+    assert set(texts) == workers, (texts, workers)
+    blocks = stage_info(artifacts, "subgraphs")["blocks_by_node"]
+    assert set(blocks) == workers, (blocks, workers)
+    assert sorted(b for node in blocks.values() for b in node) == list(range(stage_info(artifacts, "subgraphs")["blocks"]))
+
+
+def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(cluster, s3, dataset_uri,
+                                                                           one_node_artifacts, tmp_path):
+    out_uri = s3.uri("seeder/tiny/artifacts-killed")
+    job = preprocess(cluster, s3, dataset_uri, out_uri, wait=False)
+    deadline = time.monotonic() + 120
+    while "embed" not in cluster.job_logs(job.submission_id):  # the stages have started
+        assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
+        time.sleep(0.2)
+    lost = cluster.kill_worker("b")
+    try:
+        result = cluster.wait_job(job.submission_id, timeout=600)
+        assert result.ok, f"{result.status} {result.message}\n{result.logs[-5000:]}"
+        artifacts = fetched(out_uri, s3, tmp_path / "cache")
+        assert checksums(artifacts) == checksums(one_node_artifacts)
+        ran_on = set(stage_info(artifacts, "subgraphs")["blocks_by_node"])
+        assert ran_on <= {lost.node_id, cluster.workers["a"].node_id}
+    finally:
+        cluster.add_worker("b")
+
+
+@pytest.fixture(scope="module")
+def cluster_artifacts(cluster, s3, dataset_uri) -> str:
+    """Artifacts on S3 written by the cluster (the first test writes the same, when it runs first)."""
+    out_uri = s3.uri("seeder/tiny/artifacts")
+    from seeder import storage
+
+    with _environment(s3.env):
+        if storage.published_manifest(out_uri) is None:
+            job = preprocess(cluster, s3, dataset_uri, out_uri)
+            assert job.ok, job.logs[-5000:]
+    return out_uri
+
+
+def train(cluster, s3, artifacts_uri: str, name: str, out: Path, *flags: str, epochs: int = 3, wait: bool = True):
+    return cluster.submit_job(["python", "pipelines/train.py", "--artifacts", artifacts_uri, "--out", str(out),
+                               "--num-workers", "2", "--storage", s3.uri("seeder/tiny/ray"), "--name", name,
+                               "--no-mlflow", "--max-failures", "0", *flags, *TRAIN, f"train.epochs={epochs}"],
+                              env=job_env(cluster, s3), wait=wait, timeout=600)
+
+
+RANK_LINE = re.compile(r"train: rank (\d) of 2 on node ([0-9a-f]+)")
+
+
+def test_training_runs_one_worker_per_node_and_evaluates_from_s3(cluster, s3, cluster_artifacts):
+    out = cluster.driver_dir / "train-both"
+    job = train(cluster, s3, cluster_artifacts, "both", out)
+    assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
+    ranks = dict(RANK_LINE.findall(job.logs))
+    assert set(ranks) == {"0", "1"} and set(ranks.values()) == worker_ids(cluster), (ranks, worker_ids(cluster))
+    assert (out / "model" / DESCRIPTION_FILE).is_file()
+
+    evaluated = cluster.submit_job(["seeder", "evaluate", "--artifacts", cluster_artifacts, "--model", str(out / "model"),
+                                    "--split", "test", "--method", "seeder"], env=job_env(cluster, s3), timeout=300)
+    assert evaluated.ok, f"{evaluated.status} {evaluated.message}\n{evaluated.logs[-5000:]}"
+    assert re.search(r"hit_at_1", evaluated.logs), evaluated.logs[-3000:]
+
+
+def test_a_worker_node_lost_during_training_resumes_from_the_checkpoint_in_s3(cluster, s3, cluster_artifacts):
+    out = cluster.driver_dir / "train-killed"
+    job = train(cluster, s3, cluster_artifacts, "killed", out, epochs=8, wait=False)
+    # Kill a node once Ray Train has recorded a checkpoint in S3 (its snapshot lists epoch_0001).
+    import pyarrow.fs as pafs
+
+    snapshot = f"{s3.bucket}/seeder/tiny/ray/killed/{SNAPSHOT_FILE}"
+    fs = s3.filesystem()
+    deadline = time.monotonic() + 300
+    while not (fs.get_file_info(snapshot).type == pafs.FileType.File
+               and b"epoch_0001" in fs.open_input_stream(snapshot).read()):
+        assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
+        time.sleep(0.2)
+    cluster.kill_worker("b")
+    try:
+        failed = cluster.wait_job(job.submission_id, timeout=300)
+        assert not failed.ok, failed.logs[-3000:]
+    finally:
+        cluster.add_worker("b")
+    resumed = train(cluster, s3, cluster_artifacts, "killed", out, "--resume", epochs=8)
+    assert resumed.ok, f"{resumed.status} {resumed.message}\n{resumed.logs[-5000:]}"
+    assert re.search(r"resumed from checkpoint after epoch [1-7]", resumed.logs), resumed.logs[-3000:]
+    assert "epoch 1/8" not in resumed.logs and "epoch 8/8" in resumed.logs
+    history = json.loads((out / "history.json").read_text())
+    assert [row["epoch"] for row in history] == list(range(1, 9))
+
+
+# The sweep and the service log to, and load from, a real MLflow server: a node-local sqlite store
+# cannot reach trials on other nodes (pipelines/ray_runtime.py refuses it there).
+from tests.tune.test_sweep import mlflow_server  # noqa: E402,F401  (a module fixture: a real `mlflow server`)
+
+SWEEP_SPACE = "model.hidden_dim: [8, 16]\nmodel.num_layers: [1]\nmodel.dropout: null\n"
+
+
+@pytest.fixture(scope="module")
+def champion(cluster, s3, cluster_artifacts, mlflow_server) -> tuple[str, str]:
+    """A two-trial sweep on the cluster, one trial at a time on each worker node: (its champion's
+    URI, the sweep's log)."""
+    space = cluster.driver_dir / "space.yaml"
+    space.write_text(SWEEP_SPACE)
+    job = cluster.submit_job(
+        ["python", "tune/sweep.py", "--artifacts", cluster_artifacts, "--num-samples", "2", "--max-concurrent", "2",
+         "--space", str(space), "--name", "cluster", "--storage", s3.uri("seeder/tiny/sweeps"), "--epochs", "2",
+         "--queries-per-epoch", "16", "--val-queries", "16", "--model-name", "seeder-cluster",
+         "train.num_trajectories=2", "train.batch_size=8", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]"],
+        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server}, timeout=600)
+    assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
+    return "models:/seeder-cluster@champion", job.logs
+
+
+def test_a_sweep_runs_its_trials_on_both_nodes(cluster, champion):
+    logs = champion[1]
+    nodes = dict(re.findall(r"trial (\S+) ran on node ([0-9a-f]+)", logs))
+    assert len(nodes) == 2 and set(nodes.values()) == worker_ids(cluster), (nodes, worker_ids(cluster))
+    assert "champion:" in logs
+
+
+def test_the_service_answers_from_a_replica_on_a_worker_node(cluster, s3, champion, mlflow_server):
+    import urllib.parse
+    import urllib.request
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    job = cluster.submit_job(["seeder", "serve", "--model", champion[0], "--port", str(port), "--proxy-location", "HeadOnly"],
+                             env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server}, wait=False)
+    url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"question": "what is related to node 7", "k": 5})
+    deadline = time.monotonic() + 300
+    reply = None
+    try:
+        while reply is None:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    reply = json.loads(response.read().decode())
+            except OSError:
+                info = cluster.job_info(job.submission_id)
+                assert info["status"] in ("PENDING", "RUNNING"), cluster.job_logs(job.submission_id)[-5000:]
+                assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-5000:]
+                time.sleep(1)
+        assert len(reply["results"]) == 1 and reply["results"][0]["nodes"], reply
+        actors = cluster._request("/api/v0/actors?limit=1000&detail=true&timeout=20")["data"]["result"]["result"]
+        replicas = [a for a in actors if "SeederRetriever" in (a.get("class_name") or "") and a.get("state") == "ALIVE"]
+        assert replicas and {a["node_id"] for a in replicas} <= worker_ids(cluster), replicas
+    finally:
+        cluster.stop_job(job.submission_id)
