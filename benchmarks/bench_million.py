@@ -77,20 +77,22 @@ def main() -> int:
         if code != 0:
             print("".join(lines[-40:]))
             raise SystemExit(f"{name} failed with exit code {code}")
-        results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9}
+        results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9, "peak_process_gb": run_measured.last_peak_process / 1e9}
 
     manifest = json.loads((dataset / "manifest.json").read_text())
     counts = manifest["counts"]
     print(f"\ngraph: {counts['nodes']:,} nodes, {counts['edges']:,} edges, {counts['queries']:,} queries; "
           f"{os.cpu_count()} cores")
-    print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s}")
+    print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s}   (peak: all processes together; 1 process: the largest)")
     for name, r in results.items():
-        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f}")
+        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f}")
     summary = json.loads((artifacts / "summary.json").read_text())
     per_stage = summary["stages"]
     print("\npreprocessing stages (from summary.json):")
     for name, st in per_stage.items():
         print(f"  {name:10s} {st['seconds']:8.1f} s  {st['per_second']:>12,.0f} {st['unit']}/s")
+    print(f"  per-query subgraph cost: {1000 * per_stage['subgraphs']['seconds'] / counts['queries']:.3f} ms "
+          f"(compare with another --nodes at the same --queries per core)")
     # Extrapolation: embedding scales with texts (nodes + queries), the features stage with nodes, seeds
     # with queries x nodes (exact top-k), expansion with queries only (bounded subgraphs).
     cores = os.cpu_count() or 1

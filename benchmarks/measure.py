@@ -17,28 +17,33 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
-    """Sample the summed RSS of a process and all its descendants (Ray workers included)."""
+    """Sample the summed RSS of a process and all its descendants (Ray workers included), and the
+    largest RSS of any one of them (``peak_process_rss``)."""
     import psutil
 
-    peak = 0
+    peak = peak_process = 0
     root = psutil.Process(pid)
     while not stop.is_set():
         try:
             total = 0
             for proc in [root, *root.children(recursive=True)]:
                 try:
-                    total += proc.memory_info().rss
+                    rss = proc.memory_info().rss
                 except psutil.Error:
-                    pass
+                    continue
+                total += rss
+                peak_process = max(peak_process, rss)
             peak = max(peak, total)
         except psutil.Error:
             break
         time.sleep(0.5)
     result["peak_rss"] = peak
+    result["peak_process_rss"] = peak_process
 
 
 def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNING", "logging_progress")):
-    """Run ``cmd``; return (exit code, wall seconds, peak tree RSS in bytes, output lines)."""
+    """Run ``cmd``; return (exit code, wall seconds, peak tree RSS in bytes, output lines). The largest
+    RSS of any one process of the tree is in ``run_measured.last_peak_process`` afterwards."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop, mem = threading.Event(), {}
@@ -54,6 +59,7 @@ def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNI
     wall = time.perf_counter() - start
     stop.set()
     sampler.join()
+    run_measured.last_peak_process = mem.get("peak_process_rss", 0)
     return proc.returncode, wall, mem.get("peak_rss", 0), lines
 
 

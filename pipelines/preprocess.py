@@ -115,9 +115,6 @@ def embedding_dataset(ray, table, ec, batch_rows: int):
         compute=data.ActorPoolStrategy(size=actors),
         batch_size=batch_rows,
         batch_format="numpy",
-        # Spread the pool over the nodes: packed by default, fractional CPU requests could put every
-        # actor on one node and leave the others idle.
-        scheduling_strategy="SPREAD",
         **remote,
     )
     return ds, (actors, threads)
@@ -189,6 +186,35 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
             "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
 
 
+def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, features: Path,
+              artifacts: str) -> dict:
+    """The seeds stage, its dense search spread over Ray tasks of ``--query-block`` queries that read
+    the node features from the artifacts location; entity linking and the choice among seeds stay in
+    the driver (they read every question's text)."""
+    by_node: dict[str, list[int]] = {}
+
+    def dense_blocks(query_features: np.ndarray, search: str, index):
+        remote = ray.remote(num_cpus=1, max_retries=3)(on_node)
+        index_ref = ray.put(index.to_bytes()) if index is not None else None  # one copy for every task
+        config_dict = to_dict(config)
+        starts = range(0, len(query_features), args.query_block)
+        pending = {remote.remote(pp.dense_seed_block, artifacts, query_features[s : s + args.query_block], config_dict,
+                                 search, index_ref): b for b, s in enumerate(starts)}
+        parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        with Progress(len(query_features), "seeds", "queries") as bar:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                block = pending.pop(ready[0])
+                parts[block], result = ray.get(ready[0])
+                by_node.setdefault(result["node"], []).append(block)
+                bar.update(int(result["queries"]))
+        ordered = [parts[b] for b in range(len(parts))]
+        return np.concatenate([p[0] for p in ordered]), np.concatenate([p[1] for p in ordered])
+
+    info = pp.run_seeds(features, stage.open(), kg, config, dense_blocks=dense_blocks)
+    return {**info, "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python pipelines/preprocess.py", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--dataset", required=True, help="dataset directory or URI (from `seeder import` or `seeder synth`)")
@@ -239,7 +265,7 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         raise DataError(f"{target}: exists and is not an artifacts directory of seeder (its manifest kind is "
                         f"{(previous or {}).get('kind')!r}); choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    fps = pp.stage_fingerprints(config, kg.fingerprint)
+    fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
     previous = previous or {}
     manifest = {
         "kind": "seeder-artifacts",
@@ -319,10 +345,11 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         for line in lines:
             print(line, flush=True)
         pp.check_config(config)
-        fps = pp.stage_fingerprints(config, kg.fingerprint)
+        fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
         manifest.update(config=to_dict(config), fingerprints=fps, derived=lines)
         write_manifest(out, manifest)
-    stage_run("seeds", lambda s: pp.run_seeds(out / "features", s.open(), kg, config), counts["queries"], "queries",
+    stage_run("seeds", lambda s: run_seeds(need_ray(), s, kg, config, args, out / "features", inputs), counts["queries"],
+              "queries",
               f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
     if "paths" in fps:
         train_count = len(pp.train_query_ids(kg))

@@ -44,6 +44,7 @@ TrainMode = Literal["seeder", "rerank"]
 Pruning = Literal["none", "simple", "gw", "strong"]
 EncoderBackend = Literal["auto", "torch", "sentence-transformers"]
 CpuPrecision = Literal["float32", "bfloat16", "int8"]
+SeedSearch = Literal["exact", "ann", "auto"]
 AUTO = "auto"
 """The value of a choice that preprocessing derives from the training split (seeder.derive)."""
 
@@ -146,6 +147,36 @@ class SeedConfig(Section):
     in cache, and after the first block only scores above each query's running k-th best are kept)."""
     block_queries: int = 512
     """Queries per block in the exact blocked top-k search."""
+    search: SeedSearch = "auto"
+    """How dense seeds are found: ``exact`` (the blocked top-k over every node), ``ann`` (an inverted-file
+    index, ``seeder.retrieve.ann``, whose candidates are re-scored exactly) or ``auto``: ``ann`` for
+    graphs of at least ``ann_min_nodes`` nodes when at least 10 queries per index list are seeded at
+    once (so that building the index pays off), else ``exact``. How well the index does depends on the
+    features: on tight clusters it finds every exact seed scanning a few lists, while on the 1M-node
+    hash-encoded synthetic graph it found under 0.8 of the exact top-3 even scanning a tenth of the
+    lists (benchmarks/bench_seeds.py); so ``auto`` measures the index's recall on a sample of the
+    queries and seeds exactly below ``ann_min_recall``."""
+    ann_min_nodes: int = 500_000
+    """``search: auto`` uses the index from this many nodes up (MetaQA's 43K nodes stay exact: exact
+    search of all its questions takes seconds)."""
+    ann_nlist: int = 0
+    """Lists (k-means centroids) of the index; 0 derives ``ann_nlist_factor * sqrt(nodes)``, capped so
+    that each list has at least 39 training rows. Building costs nodes x nlist products."""
+    ann_nlist_factor: float = 1.0
+    """``ann_nlist = ann_nlist_factor * sqrt(nodes)`` when ``ann_nlist`` is 0 (1,000 lists at 1M nodes)."""
+    ann_nprobe: int = 32
+    """Lists each query scans (the nearest centroids first): recall and search time grow with it; at
+    ``nprobe = nlist`` the search is exact."""
+    ann_extra: int = 8
+    """Candidates taken from the index beyond k0 and re-scored exactly, so that ties at the k0-th score
+    break by the smaller id as in exact search."""
+    ann_train_sample: int = 65_536
+    """Node rows (a seeded sample) the index's k-means is trained on."""
+    ann_seed: int = 0
+    """Seed of the training sample and the k-means initialisation."""
+    ann_min_recall: float = 0.95
+    """``search: auto`` only: when the index's top-k0 recall against exact search, measured on a sample of
+    1,000 queries, falls below this, preprocessing seeds every query exactly instead (and says so)."""
 
 
 @dataclass

@@ -7,7 +7,8 @@ fingerprint, so a changed input or config section reruns that stage and everythi
 
     embed      dataset content + embed section (encoder identity, not its batch size or actor count)
     features   embed fingerprint + reduce section
-    seeds      features fingerprint + seed section (not its block sizes)
+    seeds      features fingerprint + seed section (not its block sizes; ANN settings only where the index
+               is used: seed_search_key)
     paths      seeds fingerprint + expand.hops + prior search caps   (only with expand.relation_score: learned)
     prior      paths fingerprint + prior fit settings                 (only with expand.relation_score: learned)
     subgraphs  seeds and features fingerprints + expand section (+ prior fingerprint when learned)
@@ -59,13 +60,40 @@ TEST_STOP_ENV = "SEEDER_TEST_STOP_AFTER_SHARDS"
 # Fingerprints and checks
 
 
-def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str) -> dict[str, str]:
-    """The fingerprint of every stage, each chained to its upstream stages' fingerprints."""
+SEED_SEARCH_FIELDS = ("search", "ann_min_nodes", "ann_nlist", "ann_nlist_factor", "ann_nprobe", "ann_extra",
+                      "ann_train_sample", "ann_seed", "ann_min_recall")
+"""The ``seed`` fields of dense search, keyed by ``seed_search_key`` rather than as they stand."""
+
+
+def seed_search_key(seed, num_nodes: int | None = None) -> dict[str, Any]:
+    """The part of the seeds fingerprint that says how dense seeds are searched. Exact search adds
+    nothing (seeds from before the ANN index, all exact, stay valid), nor do ANN settings that exact
+    search ignores. ``search: auto`` is exact below ``ann_min_nodes`` when ``num_nodes`` is known;
+    otherwise it keys every setting its outcome can depend on."""
+    search = seed.search
+    if search == "auto" and num_nodes is not None and num_nodes < seed.ann_min_nodes:
+        search = "exact"
+    if search == "exact":
+        return {}
+    ann = {k: getattr(seed, k) for k in ("ann_nlist", "ann_nprobe", "ann_extra", "ann_train_sample", "ann_seed")}
+    if not seed.ann_nlist:
+        ann["ann_nlist_factor"] = seed.ann_nlist_factor
+    if search == "auto":  # the node count, the batch and the measured recall decide (seeder.retrieve.seeds)
+        ann.update(ann_min_nodes=seed.ann_min_nodes, ann_min_recall=seed.ann_min_recall)
+    return {"search": search, "ann": ann}
+
+
+def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes: int | None = None) -> dict[str, str]:
+    """The fingerprint of every stage, each chained to its upstream stages' fingerprints. ``num_nodes``
+    (the dataset's) lets ``seed.search: auto`` resolve to exact search on small graphs, which keeps
+    their seeds fingerprint that of exact search (``seed_search_key``)."""
     embed = to_dict(config.embed)
     embed_key = {k: embed[k] for k in ("encoder", "hash_dim", "max_seq_length", "half_precision")}
     if config.embed.cpu_precision != "float32" and config.embed.encoder != "hash":
         embed_key["cpu_precision"] = config.embed.cpu_precision  # absent at the default: older artifacts stay valid
-    seed = {k: v for k, v in to_dict(config.seed).items() if k not in ("block_nodes", "block_queries")}
+    seed = {k: v for k, v in to_dict(config.seed).items()
+            if k not in ("block_nodes", "block_queries", *SEED_SEARCH_FIELDS)}
+    seed.update(seed_search_key(config.seed, num_nodes))
     if config.seed.strategy in ("bm25", "hybrid"):
         seed["baselines"] = to_dict(config.baselines)  # BM25 and fusion parameters shape these seeds
     fps: dict[str, str] = {}
@@ -109,6 +137,10 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"reduce.fit_sample must be positive, got {r.fit_sample}")
     if s.k0 <= 0:
         raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
+    if s.search != "exact":
+        from seeder.retrieve.ann import check_ann_config
+
+        check_ann_config(s)
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
     # hops=0 means "derive" (seeder.derive), and only together with an empty keep_per_hop: say so first,
@@ -479,8 +511,15 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
 # Seeds stage
 
 
-def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
-    from seeder.retrieve.seeds import seed_queries
+def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig,
+              dense_blocks: Callable | None = None) -> dict[str, Any]:
+    """Seed every query; the info says which dense search ran (``search``) and, for the ANN index, its
+    parameters, build and search seconds, and its top-k0 recall against exact search on a seeded
+    sample of the queries (``seed.search: auto`` seeds exactly when that recall is below
+    ``seed.ann_min_recall``). ``dense_blocks(query_features, search, index)``, when given, computes
+    the dense seeds instead of this process (the pipeline runs them as Ray tasks, ``dense_seed_block``)."""
+    from seeder.retrieve.ann import AnnIndex, sample_recall
+    from seeder.retrieve.seeds import resolve_search, seed_queries
 
     node_features = np.load(features_dir / "node.npy", mmap_mode="r")
     query_features = np.load(features_dir / "query.npy")
@@ -489,7 +528,24 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     texts = None
     if cfg.strategy not in ("dense", "given"):
         texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
-    seeds, scores = seed_queries(kg, config, query_features, node_features, texts=texts, query_ids=query_ids)
+    # entity seeds need no dense search, and hybrid fuses BM25 with its own exact ranking
+    dense = cfg.strategy not in ("entity", "hybrid")
+    search = resolve_search(cfg, len(node_features), len(query_features)) if dense else "exact"
+    index, ann_info = None, {}
+    if search == "ann":
+        start = time.perf_counter()
+        index = AnnIndex.build(node_features, cfg)
+        build_seconds = time.perf_counter() - start
+        check = sample_recall(query_features, node_features, index, cfg)
+        ann_info = {"ann": {**index.info, "extra": cfg.ann_extra, "build_seconds": round(build_seconds, 3), **check}}
+        if cfg.search == "auto" and check["recall"] < cfg.ann_min_recall:
+            search, index = "exact", None  # the sample says the index would lose seeds: exact it is
+            ann_info["ann"]["fell_back_to_exact"] = True
+    start = time.perf_counter()
+    dense = None if dense_blocks is None else (lambda features: dense_blocks(features, search, index))
+    seeds, scores = seed_queries(kg, config, query_features, node_features, texts=texts, query_ids=query_ids,
+                                 index=index, search=search, dense=dense)
+    search_seconds = time.perf_counter() - start
     valid = seeds >= 0
     lengths = valid.sum(axis=1)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
@@ -501,7 +557,21 @@ def run_seeds(features_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
         }
     )
     pq.write_table(table, out / "seeds.parquet")
-    return {"queries": int(len(query_ids)), "k0": cfg.k0, "strategy": cfg.strategy, "empty": int((lengths == 0).sum())}
+    return {"queries": int(len(query_ids)), "k0": cfg.k0, "strategy": cfg.strategy, "empty": int((lengths == 0).sum()),
+            "search": search, "seed_seconds": round(search_seconds, 3), **ann_info}
+
+
+def dense_seed_block(artifacts: str, query_features: np.ndarray, config: dict, search: str,
+                     index) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, Any]]:
+    """Dense seeds of one block of queries, in any process or node: the node features are memory-mapped
+    from the artifacts location (``stage_input``), ``index`` is the ANN index's bytes (``search: ann``)
+    or None. Returns ((ids, scores) as ``dense_seeds`` does, counts)."""
+    from seeder.config import from_dict
+    from seeder.retrieve.seeds import dense_search
+
+    cfg = from_dict(SeederConfig, config).seed
+    nodes = np.load(stage_input(artifacts, "features") / "node.npy", mmap_mode="r")
+    return dense_search(query_features, nodes, cfg, index=index, search=search), {"queries": len(query_features)}
 
 
 # ---------------------------------------------------------------------------------------------------

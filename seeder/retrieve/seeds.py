@@ -3,7 +3,9 @@
 Two sources of seeds:
 
 - dense: the top-k0 nodes by cosine to the query, computed exactly in blocks (queries x nodes) with a
-  running top-k, so memory stays bounded at millions of nodes and ties break by node id;
+  running top-k, so memory stays bounded at millions of nodes and ties break by node id; or, per
+  ``seed.search``, from an approximate index (``seeder.retrieve.ann``) whose candidates are re-scored
+  exactly (``dense_search`` chooses);
 - entity linking (optional): node names mentioned verbatim in the query text, after case and
   punctuation normalisation, rarest mention first (by how many of the graph's queries mention it);
 - given (optional): the node a query attribute names (MetaQA's bracketed topic entity, ``topic_id``),
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -143,6 +146,43 @@ def dense_seeds(
         if progress is not None:
             progress(q_start + len(queries))
     return out_ids, out_scores
+
+
+ANN_QUERIES_PER_LIST = 10
+"""``seed.search: auto`` builds an index only for at least this many queries per index list: building
+files every node under its nearest of ``nlist`` centroids, about as many products as the exact search
+of ``nlist`` queries, so fewer queries than a few times ``nlist`` are seeded faster exactly (a new
+question at the retriever, the derivation's sample)."""
+
+
+def resolve_search(cfg: SeedConfig, num_nodes: int, num_queries: int | None = None) -> str:
+    """``exact`` or ``ann``: what ``seed.search`` means for this graph and batch (see ``SeedConfig.search``).
+    ``num_queries=None`` leaves the batch size out (a caller with a prebuilt index)."""
+    from seeder.retrieve.ann import check_ann_config, derived_nlist
+
+    if cfg.search != "exact":
+        check_ann_config(cfg)
+    if cfg.search != "auto" or num_nodes == 0:
+        return "exact" if num_nodes == 0 else cfg.search
+    if num_nodes < cfg.ann_min_nodes:
+        return "exact"
+    if num_queries is not None and num_queries < ANN_QUERIES_PER_LIST * derived_nlist(cfg, num_nodes):
+        return "exact"
+    return "ann"
+
+
+def dense_search(query_features: np.ndarray, node_features: np.ndarray, cfg: SeedConfig, index=None,
+                 search: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``cfg.k0`` dense seeds of every query, exact or from the ANN index per ``seed.search`` (or
+    ``search`` when given, already resolved): the one place that chooses. ``index`` (an ``AnnIndex``)
+    is reused when given, else built here over ``node_features`` when the index is chosen. Same format
+    as ``dense_seeds`` either way."""
+    search = search or resolve_search(cfg, len(node_features), None if index is not None else len(query_features))
+    if search == "exact":
+        return dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
+    from seeder.retrieve.ann import AnnIndex, search_block
+
+    return search_block(index if index is not None else AnnIndex.build(node_features, cfg), query_features, cfg)
 
 
 def _pad_rows(rows: np.ndarray, ids: np.ndarray, values: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -386,6 +426,9 @@ def seed_queries(
     query_ids: np.ndarray | None = None,
     linker: "EntityLinker | None" = None,
     given: list[np.ndarray] | None = None,
+    index=None,
+    search: str | None = None,
+    dense: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The seeds of some queries per ``config.seed.strategy``, for preprocessing and for new questions
     alike: (ids int64 [Q, k0] padded -1, scores float32 padded -inf).
@@ -393,7 +436,10 @@ def seed_queries(
     ``texts`` are needed by every strategy but ``dense`` and ``given``; ``given`` reads the dataset's
     ``seed.given_attribute`` of ``query_ids`` unless the topic nodes are passed (``given``: one array
     per query; a new question without one is seeded densely). Pass a prebuilt ``linker`` to reuse its
-    name index across calls."""
+    name index across calls. Dense seeds come from ``dense_search``: ``search`` (``exact`` or ``ann``,
+    resolved by the caller) overrides ``seed.search``, and a prebuilt ANN ``index`` is reused. ``dense``
+    replaces that search: it takes the features of the queries that need dense seeds and returns their
+    (ids, scores) as ``dense_seeds`` does (preprocessing spreads it over Ray tasks)."""
     cfg = config.seed
     if cfg.strategy == AUTO:
         raise ConfigError("seed.strategy=auto is resolved by preprocessing (seeder.derive); seed with the resolved config")
@@ -431,8 +477,8 @@ def seed_queries(
         dense_ids = np.full((len(query_features), cfg.k0), -1, dtype=np.int64)
         dense_scores = np.full((len(query_features), cfg.k0), -np.inf, dtype=np.float32)
         if need.any():
-            dense_ids[need], dense_scores[need] = dense_seeds(
-                np.asarray(query_features)[need], node_features, cfg.k0, cfg.block_nodes, cfg.block_queries)
+            dense = dense or (lambda features: dense_search(features, node_features, cfg, index=index, search=search))
+            dense_ids[need], dense_scores[need] = dense(np.asarray(query_features)[need])
     seeds, scores = select_seeds(
         dataclasses.replace(cfg, strategy=combine), dense_ids, dense_scores, linked, query_features, node_features
     )

@@ -149,9 +149,11 @@ def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, 
     workers = worker_ids(cluster)
     texts = stage_info(artifacts, "embed")["texts_by_node"]
     assert set(texts) == workers, (texts, workers)
-    blocks = stage_info(artifacts, "subgraphs")["blocks_by_node"]
-    assert set(blocks) == workers, (blocks, workers)
-    assert sorted(b for node in blocks.values() for b in node) == list(range(stage_info(artifacts, "subgraphs")["blocks"]))
+    for stage in ("seeds", "subgraphs"):
+        blocks = stage_info(artifacts, stage)["blocks_by_node"]
+        assert set(blocks) == workers, (stage, blocks, workers)
+    subgraphs = stage_info(artifacts, "subgraphs")
+    assert sorted(b for node in subgraphs["blocks_by_node"].values() for b in node) == list(range(subgraphs["blocks"]))
 
 
 def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(cluster, s3, dataset_uri,

@@ -133,7 +133,8 @@ def test_job_writes_every_artifact(reference, tiny_dataset):
     assert summary["ceiling"]["all"]["all"]["hit_any"] == pytest.approx(hit)
     assert {"hop=1", "hop=2"} <= set(summary["ceiling"]["test"])
     manifest = json.loads((reference / "manifest.json").read_text())
-    assert manifest["fingerprints"] == stage_fingerprints(load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint)
+    assert manifest["fingerprints"] == stage_fingerprints(load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint,
+                                                       open_dataset(tiny_dataset).num_nodes)
 
 
 def test_rerun_skips_every_stage_without_starting_ray(reference, tiny_dataset):
@@ -526,7 +527,8 @@ def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(refer
     manifest = json.loads((other / "manifest.json").read_text())
     fingerprint = open_dataset(other_graph).fingerprint
     manifest.update(dataset=str(other_graph), dataset_fingerprint=fingerprint,
-                    fingerprints=stage_fingerprints(load_config(None, OVERRIDES), fingerprint))
+                    fingerprints=stage_fingerprints(load_config(None, OVERRIDES), fingerprint,
+                                                 open_dataset(other_graph).num_nodes))
     (other / "manifest.json").write_text(json.dumps(manifest))
     other_fp = open_artifacts(other).fingerprint
     with pytest.raises(FingerprintMismatch) as err:
