@@ -77,15 +77,17 @@ def main() -> int:
         if code != 0:
             print("".join(lines[-40:]))
             raise SystemExit(f"{name} failed with exit code {code}")
-        results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9, "peak_process_gb": run_measured.last_peak_process / 1e9}
+        results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9, "peak_process_gb": run_measured.last_peak_process / 1e9,
+                         "peak_process_anon_gb": run_measured.last_peak_anon / 1e9}
 
     manifest = json.loads((dataset / "manifest.json").read_text())
     counts = manifest["counts"]
     print(f"\ngraph: {counts['nodes']:,} nodes, {counts['edges']:,} edges, {counts['queries']:,} queries; "
           f"{os.cpu_count()} cores")
-    print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s}   (peak: all processes together; 1 process: the largest)")
+    print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s} {'anon':>6s}   (peak: RSS of all processes "
+          "together; 1 process: the largest RSS; anon: the largest without file-backed shared pages)")
     for name, r in results.items():
-        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f}")
+        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f} {r['peak_process_anon_gb']:6.2f}")
     summary = json.loads((artifacts / "summary.json").read_text())
     per_stage = summary["stages"]
     print("\npreprocessing stages (from summary.json):")

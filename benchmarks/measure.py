@@ -17,33 +17,38 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
-    """Sample the summed RSS of a process and all its descendants (Ray workers included), and the
-    largest RSS of any one of them (``peak_process_rss``)."""
+    """Sample the summed RSS of a process and all its descendants (Ray workers included), the largest
+    RSS of any one of them (``peak_process_rss``), and the largest of their RSS less its file-backed
+    shared pages (``peak_process_anon``): memory-mapped features count in a reader's RSS, though the
+    page cache holds them once for every process and can drop them."""
     import psutil
 
-    peak = peak_process = 0
+    peak = peak_process = peak_anon = 0
     root = psutil.Process(pid)
     while not stop.is_set():
         try:
             total = 0
             for proc in [root, *root.children(recursive=True)]:
                 try:
-                    rss = proc.memory_info().rss
+                    info = proc.memory_info()
                 except psutil.Error:
                     continue
-                total += rss
-                peak_process = max(peak_process, rss)
+                total += info.rss
+                peak_process = max(peak_process, info.rss)
+                peak_anon = max(peak_anon, info.rss - getattr(info, "shared", 0))
             peak = max(peak, total)
         except psutil.Error:
             break
         time.sleep(0.5)
     result["peak_rss"] = peak
     result["peak_process_rss"] = peak_process
+    result["peak_process_anon"] = peak_anon
 
 
 def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNING", "logging_progress")):
     """Run ``cmd``; return (exit code, wall seconds, peak tree RSS in bytes, output lines). The largest
-    RSS of any one process of the tree is in ``run_measured.last_peak_process`` afterwards."""
+    RSS of any one process of the tree is in ``run_measured.last_peak_process`` afterwards, and without
+    its file-backed shared pages in ``run_measured.last_peak_anon``."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop, mem = threading.Event(), {}
@@ -60,6 +65,7 @@ def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNI
     stop.set()
     sampler.join()
     run_measured.last_peak_process = mem.get("peak_process_rss", 0)
+    run_measured.last_peak_anon = mem.get("peak_process_anon", 0)
     return proc.returncode, wall, mem.get("peak_rss", 0), lines
 
 

@@ -7,9 +7,11 @@ Run directly, it starts an embedded local Ray on 127.0.0.1, and joins a cluster 
 ``--ray-address ADDR`` or ``RAY_ADDRESS``, which ``ray job submit`` sets (``--ray-address local``
 always starts an embedded one). Paths given to a submitted job should be absolute: the job runs in a
 copy of the working directory. ``--dataset`` and ``--out`` may be URIs (``s3://...``, ``file://...``):
-the dataset is fetched into the local cache, and the artifacts are written locally and published
-when the run succeeds (``seeder.storage``). This file is only the Ray entry point; the work lives in
-``seeder.preprocess``.
+the dataset is fetched into each node's cache, and the artifacts are written in a local staging
+directory of the driver, each stage published as it finishes and the manifest last
+(``seeder.storage``). Nodes share no disk: Ray tasks read the dataset and the finished stages from
+their locations and hand their results back through the object store. This file is only the Ray
+entry point; the work lives in ``seeder.preprocess``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Stage directories without Ray: a committed stage records its files, a rerun verifies them, and a
-damaged stage goes back to a working directory that keeps its intact shards."""
+"""Stage work without Ray: a committed stage records its files, a rerun verifies them, a damaged stage
+goes back to a working directory that keeps its intact shards; and the seeds stage's ANN pilot."""
 
 from __future__ import annotations
 
@@ -61,3 +61,26 @@ def test_a_stage_without_file_records_is_recomputed(tmp_path):
     lines = []
     assert stage.reusable(echo=lines.append) is None
     assert lines[0] == "subgraphs: subgraphs/manifest.json: records no files (written before seeder verified its outputs)"
+
+
+def test_the_ann_pilot_measures_recall_on_a_sample_of_the_nodes(monkeypatch):
+    """The pilot that decides whether ``seed.search: auto`` builds the full index: perfect on tight
+    clusters whose queries sit next to a node, well short of it on structureless features."""
+    from seeder import preprocess
+    from seeder.config import SeedConfig
+
+    monkeypatch.setattr(preprocess, "ANN_PILOT_NODES", 3_000)
+    rng = np.random.default_rng(0)
+    cfg = SeedConfig(ann_nlist=30, ann_nprobe=2, ann_train_sample=3_000)
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    centres = unit(rng.standard_normal((30, 32)))
+    nodes = unit(centres[rng.integers(0, 30, 6_000)] + 0.05 * rng.standard_normal((6_000, 32)))
+    queries = unit(nodes[rng.integers(0, 6_000, 200)] + 0.01 * rng.standard_normal((200, 32)))
+    clustered = preprocess.ann_pilot(queries, nodes, cfg)
+    assert clustered["nodes"] == 3_000 and clustered["sample_queries"] == 200 and clustered["recall"] > 0.97
+
+    flat = preprocess.ann_pilot(unit(rng.standard_normal((200, 32))), unit(rng.standard_normal((6_000, 32))), cfg)
+    assert flat["recall"] < 0.6

@@ -158,12 +158,18 @@ def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, 
 
 def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(cluster, s3, dataset_uri,
                                                                            one_node_artifacts, tmp_path):
+    import pyarrow.fs as pafs
+
     out_uri = s3.uri("seeder/tiny/artifacts-killed")
     job = preprocess(cluster, s3, dataset_uri, out_uri, wait=False)
-    deadline = time.monotonic() + 120
-    while "embed" not in cluster.job_logs(job.submission_id):  # the stages have started
+    # The features stage is published just before the seeds and subgraphs stages send their blocks
+    # to the nodes: kill node b then, while it starts its workers or runs their first blocks.
+    features = f"{s3.bucket}/seeder/tiny/artifacts-killed/features/manifest.json"
+    fs = s3.filesystem()
+    deadline = time.monotonic() + 300
+    while fs.get_file_info(features).type != pafs.FileType.File:
         assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
-        time.sleep(0.2)
+        time.sleep(0.1)
     lost = cluster.kill_worker("b")
     try:
         result = cluster.wait_job(job.submission_id, timeout=600)
