@@ -111,6 +111,9 @@ def embedding_dataset(ray, table, ec, batch_rows: int):
     # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
     # terminal, its log line per operator every few seconds.
     ds.context.enable_progress_bars = False
+    # Data flows once every actor of the pool is up: otherwise the first actor to start can take every
+    # batch of a small input while the others, on other nodes, are still loading.
+    ds.context.wait_for_min_actors_s = 600
     ds = ds.map_batches(
         NodeTaggedEncoder,
         fn_constructor_kwargs={"embed_config": to_dict(ec), "num_threads": threads},
@@ -149,6 +152,12 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
             "texts_by_node": dict(sorted(by_node.items()))}
 
 
+BLOCK_TASK = {"num_cpus": 1, "max_retries": 3, "scheduling_strategy": "SPREAD"}
+"""How a block of queries runs: one CPU; again on another node when its node dies (3 retries); and
+spread over the nodes, since Ray's default packs short tasks onto the first idle node (seen on a
+two-node cluster: all 12 blocks on one node while the other stood idle)."""
+
+
 def on_node(task, *args):
     """Run a library task and say which Ray node ran it (Ray's remote wrapper; the library has no Ray)."""
     import ray
@@ -169,8 +178,7 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
         print(f"{stage.name}: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
     by_node: dict[str, list[int]] = {}
     if todo:
-        # Retried on another node when its node dies (Ray's default for tasks is 3 retries).
-        remote = ray.remote(num_cpus=1, max_retries=3)(on_node)
+        remote = ray.remote(**BLOCK_TASK)(on_node)
         config_dict = to_dict(config)
         pending = {remote.remote(task, dataset, artifacts, blocks[b], config_dict): b for b in todo}
         done = 0
@@ -196,7 +204,7 @@ def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     by_node: dict[str, list[int]] = {}
 
     def dense_blocks(query_features: np.ndarray, search: str, index):
-        remote = ray.remote(num_cpus=1, max_retries=3)(on_node)
+        remote = ray.remote(**BLOCK_TASK)(on_node)
         index_ref = ray.put(index.to_bytes()) if index is not None else None  # one copy for every task
         config_dict = to_dict(config)
         starts = range(0, len(query_features), args.query_block)
