@@ -152,6 +152,42 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
             "texts_by_node": dict(sorted(by_node.items()))}
 
 
+def project_shards(batch: dict[str, np.ndarray], shards: str, pca) -> dict[str, np.ndarray]:
+    """The Ray Data map of the features stage: the node-embedding shards a batch names, read from the
+    ``shards`` location and projected with the fitted PCA, each row tagged with the Ray node."""
+    import ray
+
+    parts = [pp.project_embedding_shard(join(shards, str(name)), pca) for name in batch["shard"]]
+    ids = np.concatenate([p[0] for p in parts])
+    node = ray.get_runtime_context().get_node_id()
+    return {"id": ids, "features": np.concatenate([p[1] for p in parts]), "node": np.full(len(ids), node)}
+
+
+def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, embed_dir: Path,
+                 artifacts: str) -> dict:
+    """The features stage: the PCA is fitted in the driver on its bounded sample, and every node
+    shard is projected by a Ray Data map over the workers, which read the shards from the artifacts
+    location; the driver places the rows it gets back into ``node.npy``."""
+    import ray.data as data
+
+    by_node: Counter = Counter()
+
+    def project_nodes(names: list[str], pca):
+        ds = data.from_items([{"shard": name} for name in names], override_num_blocks=len(names))
+        ds.context.enable_progress_bars = False
+        ds = ds.map_batches(project_shards, fn_kwargs={"shards": join(artifacts, "embed", "nodes"), "pca": pca},
+                            batch_size=1, batch_format="numpy", num_cpus=1)
+        with Progress(kg.num_nodes, "features", "rows") as bar:
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+                nodes, rows = np.unique(batch["node"], return_counts=True)
+                by_node.update(dict(zip(nodes.tolist(), rows.tolist())))
+                yield batch["id"], batch["features"]
+                bar.update(len(batch["id"]))
+
+    info = pp.run_features(embed_dir, stage.open(), kg, config, project_nodes=project_nodes)
+    return {**info, "rows_by_node": dict(sorted(by_node.items()))}
+
+
 BLOCK_TASK = {"num_cpus": 1, "max_retries": 3, "scheduling_strategy": "SPREAD"}
 """How a block of queries runs: one CPU; again on another node when its node dies (3 retries); and
 spread over the nodes, since Ray's default packs short tasks onto the first idle node (seen on a
@@ -346,7 +382,7 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
     texts = sum(counts.values())
     stage_run("embed", lambda s: run_embed(need_ray(), s, kg, config, args), texts, "texts",
               f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
-    stage_run("features", lambda s: pp.run_features(out / "embed", s.open(), kg, config), texts, "rows",
+    stage_run("features", lambda s: run_features(need_ray(), s, kg, config, out / "embed", inputs), texts, "rows",
               f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
     if needs_derivation(config):
         features = out / "features"

@@ -123,7 +123,8 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
 
     rows = np.searchsorted(query_ids, ids)
     q_features = np.asarray(query_features[rows], dtype=np.float32)
-    dense_ids, dense_scores = dense_seeds(q_features, node_features, seed_cfg.k0, seed_cfg.block_nodes, seed_cfg.block_queries)
+    dense_ids, dense_scores = dense_seeds(q_features, node_features, seed_cfg.k0, seed_cfg.block_nodes, seed_cfg.block_queries,
+                                             screen=seed_cfg.screen)
     if seed_cfg.strategy == AUTO_STRATEGY:
         linked = EntityLinker(kg, seed_cfg).link(texts)
         named = float(np.mean([len(x) > 0 for x in linked]))

@@ -30,25 +30,28 @@ import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from seeder import storage
 from seeder.config import ConfigError, SeederConfig, to_dict
+from seeder.embed import PCA, apply_pca, fit_pca, pca_sample_rows
 from seeder.io import (DataError, checksum_matches, file_records, fingerprint_json, now, read_manifest, verify_outputs,
                        write_manifest)
 from seeder.storage import fetch, join
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
+from seeder.threads import intra_op_threads
 from seeder.artifacts import read_seed_table
 from seeder.retrieve.wording import WORDING_VERSION
 
 
 STAGE_VERSION = 1
-SEEDS_VERSION = 2  # 2: among nodes sharing a normalised name, the one spelled as in the question first
+SEEDS_VERSION = 3  # 2: among nodes sharing a normalised name, the one spelled as in the question first; 3: dense scores are one dot product per pair
 SUBGRAPH_VERSION = 2  # 2: the path_end column
 PRIOR_VERSION = 7  # 2: seeds' relation profile; 3: per-hop model; 4: no detours; 5: order-free head; 6: shortest best paths; 7: wording, refits
 KINDS = ("node", "relation", "query")
@@ -92,7 +95,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
     if config.embed.cpu_precision != "float32" and config.embed.encoder != "hash":
         embed_key["cpu_precision"] = config.embed.cpu_precision  # absent at the default: older artifacts stay valid
     seed = {k: v for k, v in to_dict(config.seed).items()
-            if k not in ("block_nodes", "block_queries", *SEED_SEARCH_FIELDS)}
+            if k not in ("block_nodes", "block_queries", "screen", *SEED_SEARCH_FIELDS)}
     seed.update(seed_search_key(config.seed, num_nodes))
     if config.seed.strategy in ("bm25", "hybrid"):
         seed["baselines"] = to_dict(config.baselines)  # BM25 and fusion parameters shape these seeds
@@ -415,25 +418,55 @@ def embedding_column(emb: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
 
 
+def read_embedding_table(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """One shard of ``(id, embedding)``, a local file or a file under a URI: (ids, float32 rows)."""
+    table = storage.read_parquet(path)
+    col = table.column("embedding").combine_chunks()
+    emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)
+    return table.column("id").to_numpy(), emb.astype(np.float32, copy=False)
+
+
+class RowPlacer:
+    """Where each shard's rows go in an array ordered as ``expected_ids`` (sorted), checking as shards
+    arrive, in any order, that every id appears exactly once over all of them."""
+
+    def __init__(self, expected_ids: np.ndarray, source: str | Path):
+        self.expected_ids, self.source = expected_ids, source
+        self.seen = np.zeros(len(expected_ids), dtype=bool)
+
+    def positions(self, ids: np.ndarray, where: str | Path) -> np.ndarray:
+        pos = np.minimum(np.searchsorted(self.expected_ids, ids), max(len(self.expected_ids) - 1, 0))
+        if (len(ids) and not len(self.expected_ids)) or not np.array_equal(self.expected_ids[pos], ids) \
+                or self.seen[pos].any() or np.unique(pos).size != len(pos):
+            raise DataError(f"{where}: embedded ids do not match the dataset's ids one to one; rerun the embed stage")
+        self.seen[pos] = True
+        return pos
+
+    def check_complete(self) -> None:
+        if not self.seen.all():
+            missing = self.expected_ids[~self.seen]
+            raise DataError(f"{self.source}: {len(missing)} ids have no embedding (first {missing[:3].tolist()}); "
+                            "rerun the embed stage")
+
+
+def embedding_files(directory: Path, expected_rows: int) -> list[Path]:
+    """The shard files under ``directory``, refused unless they hold ``expected_rows`` rows in all."""
+    files = sorted(directory.glob("part-*.parquet"))
+    have = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    if not files or have != expected_rows:
+        raise DataError(f"{directory}: {have} embedded rows, expected {expected_rows}; rerun the embed stage")
+    return files
+
+
 def embedding_shards(directory: Path, expected_ids: np.ndarray):
     """Yield ``(rows, embeddings)`` per shard of ``(id, embedding)`` under ``directory``: the positions
     of the shard's ids in ``expected_ids`` (sorted) and their float32 rows, one shard in memory at a
     time. Every id must appear exactly once over all shards (checked as they stream)."""
-    files = sorted(directory.glob("part-*.parquet"))
-    have = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    if not files or have != len(expected_ids):
-        raise DataError(f"{directory}: {have} embedded rows, expected {len(expected_ids)}; rerun the embed stage")
-    seen = np.zeros(len(expected_ids), dtype=bool)
-    for file in files:
-        table = pq.read_table(file)
-        ids = table.column("id").to_numpy()
-        col = table.column("embedding").combine_chunks()
-        emb = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, col.type.list_size)
-        pos = np.minimum(np.searchsorted(expected_ids, ids), len(expected_ids) - 1)
-        if not np.array_equal(expected_ids[pos], ids) or seen[pos].any() or np.unique(pos).size != len(pos):
-            raise DataError(f"{file}: embedded ids do not match the dataset's ids one to one; rerun the embed stage")
-        seen[pos] = True
-        yield pos, emb.astype(np.float32, copy=False)
+    placer = RowPlacer(expected_ids, directory)
+    for file in embedding_files(directory, len(expected_ids)):
+        ids, emb = read_embedding_table(file)
+        yield placer.positions(ids, file), emb
+    placer.check_complete()
 
 
 def read_embeddings(directory: Path, expected_ids: np.ndarray) -> np.ndarray:
@@ -476,12 +509,16 @@ def finish_embed(partial: Path, kg: KnowledgeGraph) -> dict[str, Any]:
 # Features stage (PCA, Appendix D.1)
 
 
-def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig) -> dict[str, Any]:
+def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig,
+                 project_nodes: Callable[[list[str], PCA | None], Iterable[tuple[np.ndarray, np.ndarray]]] | None = None,
+                 ) -> dict[str, Any]:
     """PCA fitted on a bounded, seeded sample of the node embeddings, then every row projected and
     L2-normalised. Node embeddings stream one shard at a time into a memory-mapped ``node.npy``, so
-    the process never holds all of them (10M x 384 float32 would be 15 GB)."""
-    from seeder.embed import apply_pca, fit_pca, pca_sample_rows
+    the process never holds all of them (10M x 384 float32 would be 15 GB).
 
+    ``project_nodes(shard_names, pca)`` yields ``(ids, features)`` for the node shards (names under
+    ``embed/nodes``), in any order: by default this process projects them one by one; the Ray
+    pipeline maps ``project_embedding_shard`` over its workers (``pipelines/preprocess.py``)."""
     inputs = embed_inputs(kg)
     node_ids = inputs["node"][0]
     relations = np.load(embed_dir / "relations.npy")
@@ -495,9 +532,14 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
         pca.save(out / "pca.npz")
         explained = float(pca.explained_variance.sum() / (float(np.var(sample, axis=0, dtype=np.float64).sum()) or 1.0))
     width = pca.dim if pca is not None else relations.shape[1]
+    names = [f.name for f in embedding_files(embed_dir / "nodes", len(node_ids))]
+    if project_nodes is None:
+        project_nodes = lambda names, pca: (project_embedding_shard(embed_dir / "nodes" / n, pca) for n in names)
     nodes = np.lib.format.open_memmap(out / "node.npy", mode="w+", dtype=np.float32, shape=(len(node_ids), width))
-    for pos, emb in embedding_shards(embed_dir / "nodes", node_ids):
-        nodes[pos] = apply_pca(emb, pca)
+    placer = RowPlacer(node_ids, embed_dir / "nodes")
+    for ids, features in project_nodes(names, pca):
+        nodes[placer.positions(ids, embed_dir / "nodes")] = features
+    placer.check_complete()
     nodes.flush()
     del nodes
     np.save(out / "relation.npy", apply_pca(relations, pca))
@@ -505,6 +547,13 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     np.save(out / "query_ids.npy", inputs["query"][0])
     return {"dim": width, "input_dim": int(relations.shape[1]), "explained_variance": explained,
             "pca_sample": int(min(config.reduce.fit_sample, len(node_ids))) if pca is not None else 0}
+
+
+def project_embedding_shard(path: str | Path, pca: PCA | None) -> tuple[np.ndarray, np.ndarray]:
+    """One node-embedding shard (a local file or one under a URI), projected by ``pca`` and
+    L2-normalised: (ids, float32 features). Runs in any process or node."""
+    ids, emb = read_embedding_table(path)
+    return ids, apply_pca(emb, pca)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -680,8 +729,12 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     kept, weight, _ = path_targets(qid, code, golden.column("hits").to_numpy(), golden.column("reached").to_numpy(),
                                    golden.column("answers").to_numpy(), config.prior.keep_ratio, 2 * kg.num_relations)
     rows = np.searchsorted(query_ids, qid[kept])
-    prior = train_prior(prior_inputs(query_features, profile, wording), rows, code[kept], weight, query_ids,
-                        2 * kg.num_relations, config.prior, echo=echo, wording_dim=config.prior.wording_dim)
+    # One thread, so that the prior is the same bits on any node of any cluster: the job driver of
+    # `ray job submit` runs with one thread, a local run with one per core, and two thread counts
+    # split the products' sums differently.
+    with intra_op_threads(1):
+        prior = train_prior(prior_inputs(query_features, profile, wording), rows, code[kept], weight, query_ids,
+                            2 * kg.num_relations, config.prior, echo=echo, wording_dim=config.prior.wording_dim)
     prior.save(out)
     return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
 

@@ -17,9 +17,8 @@ batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from seeder.config import SeederConfig
 from seeder.io import DataError
 from seeder.retrieve.base import RetrievalResult
 from seeder.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+from seeder.threads import intra_op_threads
 
 
 ONE_THREAD_UP_TO = 8
@@ -97,35 +97,6 @@ def resolve_encoder_precision(choice: str, embed) -> str:
 
 IN_MEMORY_FEATURES = 4 << 30
 """Node features up to this size (4 GiB: 4M nodes at 256 float32 dims) are held in memory by a Retriever."""
-
-
-@contextmanager
-def _intra_op_threads(count: int | None):
-    """Torch's intra-op threads and numpy's BLAS threads set to ``count`` inside (None: left as they
-    are), and the caller's settings back afterwards."""
-    import torch
-
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    if count != before:
-        torch.set_num_threads(count)
-    try:
-        with _blas_libraries().limit(limits=count):
-            yield
-    finally:
-        if count != before:
-            torch.set_num_threads(before)
-
-
-@lru_cache(maxsize=1)
-def _blas_libraries():
-    """threadpoolctl's handle on the BLAS libraries loaded in this process (found once: 0.8 ms; a
-    limit set and undone through it costs microseconds)."""
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController().select(user_api="blas")
 
 
 @dataclass
@@ -363,7 +334,7 @@ class Retriever:
             self._build_indexes()  # once, here: the parts would otherwise race to build them
         # A part runs one intra-op thread, as does a call of a few questions; a call of one part keeps
         # every thread. Graphs compile per thread count, so there are two: one and all.
-        with _intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
+        with intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
             if parts == 1:
                 return self._answer(questions, ks, topics)
             bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()

@@ -161,6 +161,17 @@ def retract(uri: str) -> None:
         fs.delete_file(f"{root}/{MANIFEST}")
 
 
+def read_parquet(path: str | os.PathLike):
+    """One Parquet file, local or under a URI, read in place (no cache: a task that needs one shard of
+    a large stage reads only that shard)."""
+    import pyarrow.parquet as pq
+
+    if not is_uri(path):
+        return pq.read_table(path)
+    fs, file = _filesystem(str(path))
+    return pq.read_table(file, filesystem=fs)
+
+
 @contextlib.contextmanager
 def output_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield the local directory a stage writes into; a remote ``path`` is published when the block ends.

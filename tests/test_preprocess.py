@@ -1,5 +1,6 @@
 """Stage work without Ray: a committed stage records its files, a rerun verifies them, a damaged stage
-goes back to a working directory that keeps its intact shards; and the seeds stage's ANN pilot."""
+goes back to a working directory that keeps its intact shards; embedding rows placed by id; and the
+seeds stage's ANN pilot."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
-from seeder.io import read_manifest
-from seeder.preprocess import StageDir, subgraph_shard_path, write_table_atomic
+from seeder.io import DataError, read_manifest
+from seeder.preprocess import RowPlacer, StageDir, subgraph_shard_path, write_table_atomic
 
 
 def _committed(tmp_path, shards: int = 4) -> StageDir:
@@ -84,3 +86,15 @@ def test_the_ann_pilot_measures_recall_on_a_sample_of_the_nodes(monkeypatch):
 
     flat = preprocess.ann_pilot(unit(rng.standard_normal((200, 32))), unit(rng.standard_normal((6_000, 32))), cfg)
     assert flat["recall"] < 0.6
+
+
+def test_embedding_rows_are_placed_by_id_whatever_order_the_shards_come_in():
+    placer = RowPlacer(np.arange(0, 60, 3), "embed/nodes")  # ids 0, 3, ..., 57
+    np.testing.assert_array_equal(placer.positions(np.array([30, 33, 36]), "part-2"), [10, 11, 12])
+    np.testing.assert_array_equal(placer.positions(np.array([0, 57]), "part-0"), [0, 19])
+    with pytest.raises(DataError, match="part-1: embedded ids do not match.*rerun the embed stage"):
+        placer.positions(np.array([3, 33]), "part-1")  # 33 came already
+    with pytest.raises(DataError, match="part-3: embedded ids do not match"):
+        placer.positions(np.array([4]), "part-3")  # not an id of the dataset
+    with pytest.raises(DataError, match=r"embed/nodes: 15 ids have no embedding \(first \[3, 6, 9\]\)"):
+        placer.check_complete()

@@ -90,14 +90,15 @@ def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restor
     import torch
     from threadpoolctl import threadpool_limits
 
-    from seeder.retriever import ONE_THREAD_UP_TO, _blas_libraries
+    from seeder.retriever import ONE_THREAD_UP_TO
+    from seeder.threads import blas_libraries
 
     # The BLAS libraries loaded when the retriever first ran (numpy's among them); other tests may load
     # more later, which the retriever leaves alone.
-    assert _blas_libraries().info(), "no BLAS library found in this process"
+    assert blas_libraries().info(), "no BLAS library found in this process"
 
     def blas_threads() -> list[int]:
-        return [lib["num_threads"] for lib in _blas_libraries().info()]
+        return [lib["num_threads"] for lib in blas_libraries().info()]
 
     texts = retriever.artifacts.dataset.queries_of("val").column("text").to_pylist()[: 4 * ONE_THREAD_UP_TO]
     batched = retriever.retrieve(texts, k=10)

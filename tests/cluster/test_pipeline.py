@@ -28,8 +28,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 # Small shards, batches and blocks, so that a tiny graph still has work for both nodes in every stage.
-PREPROCESS = ["--shard-rows", "100", "--udf-batch", "16", "--query-block", "5", "embed.batch_size=16", "embed.encoder=hash", "seed.strategy=dense",
-              "expand.relation_score=cosine", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30",
+PREPROCESS = ["--shard-rows", "50", "--udf-batch", "16", "--query-block", "5", "embed.batch_size=16", "embed.encoder=hash", "seed.strategy=dense",
+              "expand.relation_score=learned", "prior.epochs=5", "prior.min_count=1", "prior.hidden_dim=16",
+              "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30",
               "expand.keep_per_hop=[12,18]"]
 TRAIN = ["train.batch_size=8", "train.num_trajectories=2", "train.expansion_sizes=[3,3]",
          "train.frontier_caps=[8,8]", "train.warmup_epochs=0", "model.hidden_dim=16", "model.num_layers=1",
@@ -149,7 +150,9 @@ def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, 
     workers = worker_ids(cluster)
     texts = stage_info(artifacts, "embed")["texts_by_node"]
     assert set(texts) == workers, (texts, workers)
-    for stage in ("seeds", "subgraphs"):
+    rows = stage_info(artifacts, "features")["rows_by_node"]
+    assert set(rows) == workers and sum(rows.values()) == 300, (rows, workers)
+    for stage in ("seeds", "paths", "subgraphs"):
         blocks = stage_info(artifacts, stage)["blocks_by_node"]
         assert set(blocks) == workers, (stage, blocks, workers)
     subgraphs = stage_info(artifacts, "subgraphs")

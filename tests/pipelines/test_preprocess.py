@@ -137,6 +137,21 @@ def test_job_writes_every_artifact(reference, tiny_dataset):
                                                        open_dataset(tiny_dataset).num_nodes)
 
 
+def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, tiny_dataset, tmp_path):
+    """The features stage's Ray Data map (one task per embedding shard, rows placed by id as they come
+    back) writes the same ``node.npy`` as the library projecting every shard in its own process."""
+    from seeder.config import SeederConfig, from_dict
+    from seeder.preprocess import run_features
+
+    config = from_dict(SeederConfig, json.loads((reference / "manifest.json").read_text())["config"])
+    out = tmp_path / "features"
+    out.mkdir()
+    run_features(reference / "embed", out, open_dataset(tiny_dataset), config)
+    np.testing.assert_array_equal(np.load(out / "node.npy"), np.load(reference / "features" / "node.npy"))
+    info = json.loads((reference / "summary.json").read_text())["stages"]["features"]["info"]
+    assert sum(info["rows_by_node"].values()) == 300
+
+
 def test_rerun_skips_every_stage_without_starting_ray(reference, tiny_dataset):
     before = {s: (reference / s / "manifest.json").stat().st_mtime_ns for s in STAGE_NAMES}
     result = run_job(tiny_dataset, reference)

@@ -1,4 +1,4 @@
-"""Exact blocked top-k seeds, entity linking and the seeding strategies."""
+"""Exact blocked top-k seeds (screened in float32 or bfloat16), entity linking and the seeding strategies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seeder.config import ConfigError, SeedConfig
-from seeder.retrieve.seeds import EntityLinker, dense_seeds, normalise_texts, select_seeds
+from seeder.retrieve.seeds import EntityLinker, dense_seeds, normalise_texts, resolve_screen, row_cosines, select_seeds
 
 from .conftest import make_graph, normalised
 
@@ -29,6 +29,31 @@ def test_blocked_topk_equals_brute_force(block_nodes, block_queries):
     assert ids.dtype == np.int64 and scores.dtype == np.float32
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(scores, want_scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("block_nodes,block_queries", [(64, 7), (1000, 64)])
+def test_a_bfloat16_screen_finds_the_same_seeds_bit_for_bit_among_near_ties(block_nodes, block_queries):
+    """Nodes that differ from each other by 1e-4, far below bfloat16's resolution (about 4e-3 here):
+    the screen cannot order them, the exact re-scoring does, so both screens give the brute-force top-k
+    of the exact per-pair scores."""
+    rng = np.random.default_rng(5)
+    centres = normalised(rng, 6, 32)
+    nf = centres[rng.integers(0, 6, 700)] + 1e-4 * rng.standard_normal((700, 32)).astype(np.float32)
+    nf /= np.linalg.norm(nf, axis=1, keepdims=True)
+    nf[[20, 333, 334, 650]] = nf[19]  # exact ties too, across blocks
+    qf = np.concatenate([centres + 1e-3 * normalised(rng, 6, 32), nf[[19, 400]], normalised(rng, 4, 32)])
+    qf /= np.linalg.norm(qf, axis=1, keepdims=True)
+    k = 5
+    rows = np.repeat(np.arange(len(qf)), len(nf))
+    exact = row_cosines(qf, nf, rows, np.tile(np.arange(len(nf)), len(qf))).reshape(len(qf), len(nf))
+    want = np.lexsort((np.broadcast_to(np.arange(len(nf)), exact.shape), -exact), axis=-1)[:, :k]
+    got = {screen: dense_seeds(qf, nf, k, block_nodes, block_queries, screen=screen) for screen in ("float32", "bfloat16")}
+    for ids, scores in got.values():
+        np.testing.assert_array_equal(ids, want)
+        np.testing.assert_array_equal(scores, np.take_along_axis(exact, want, axis=1))
+    assert got["bfloat16"][0][6].tolist() == [19, 20, 333, 334, 650]
+    with pytest.raises(ConfigError, match="seed.screen='float16': choose auto, float32 or bfloat16"):
+        resolve_screen("float16")
 
 
 def test_ties_across_block_boundaries_break_by_id():
