@@ -81,6 +81,30 @@ def screen_error(screen: str, dim: int) -> float:
     return accumulation + (BF16_ROUNDING if screen == "bfloat16" else 0.0)
 
 
+def _kth_largest(scores, rows: np.ndarray, k: int) -> np.ndarray:
+    """The k-th largest screen score of each of ``rows`` (numpy float32 or torch bfloat16 scores: each
+    kind stays in its own library, whose thread pool would otherwise fight the other's)."""
+    if isinstance(scores, np.ndarray):
+        return -np.partition(-scores[rows], k - 1, axis=1)[:, k - 1]
+    import torch
+
+    return torch.topk(scores[torch.from_numpy(rows)], k, dim=1).values[:, -1].float().numpy()
+
+
+def _at_least(scores, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, columns) of the screen scores at or above their row's ``threshold``, rows ascending."""
+    if isinstance(scores, np.ndarray):
+        live = np.flatnonzero(scores.max(axis=1) >= threshold)  # a fast reduction first
+        sub_rows, cols = np.nonzero(scores[live] >= threshold[live, None])
+        return live[sub_rows], cols
+    import torch
+
+    limit = torch.from_numpy(threshold.astype(np.float32))
+    live = torch.nonzero(scores.amax(dim=1) >= limit).flatten()
+    sub_rows, cols = torch.nonzero(scores[live] >= limit[live, None], as_tuple=True)
+    return live[sub_rows].numpy(), cols.numpy()
+
+
 def dense_seeds(
     query_features: np.ndarray,
     node_features: np.ndarray,
@@ -104,15 +128,14 @@ def dense_seeds(
     exactly (``row_cosines``), and the top-k is kept on those: a node of the true top-k can never be
     screened out, so the result is the same in either precision, bit for bit.
     """
-    import torch
-
     if k0 < 1:
         raise ConfigError(f"seed.k0 must be at least 1, got {k0}")
     if block_nodes < 1 or block_queries < 1:
         raise ConfigError("seed.block_nodes and seed.block_queries must be positive")
     screen = resolve_screen(screen)
-    dtype = torch.bfloat16 if screen == "bfloat16" else torch.float32
-    query_features = np.array(query_features, dtype=np.float32, order="C")  # a writeable copy, for torch
+    if screen == "bfloat16":
+        import torch
+    query_features = np.array(query_features, dtype=np.float32, order="C")  # writeable, for torch
     num_queries, num_nodes = len(query_features), len(node_features)
     if num_nodes and query_features.shape[1] != node_features.shape[1]:
         raise ValueError(
@@ -123,15 +146,18 @@ def dense_seeds(
     out_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
     for q_start in range(0, num_queries, block_queries):
         queries = query_features[q_start : q_start + block_queries]
-        screen_queries = torch.from_numpy(queries).to(dtype)
+        screen_queries = torch.from_numpy(queries).to(torch.bfloat16) if screen == "bfloat16" else None
         margin = error[q_start : q_start + block_queries]
         best_ids = np.full((len(queries), k0), -1, dtype=np.int64)
         best_scores = np.full((len(queries), k0), -np.inf, dtype=np.float32)
         for n_start in range(0, num_nodes, block_nodes):
             block = np.ascontiguousarray(node_features[n_start : n_start + block_nodes], dtype=np.float32)
-            if not block.flags.writeable:  # a memmap's rows: torch wraps only writeable arrays
-                block = block.copy()
-            scores = screen_queries @ torch.from_numpy(block).to(dtype).T
+            if screen == "bfloat16":
+                # A memmap's rows are read-only, and torch wraps only writeable arrays.
+                writeable = block if block.flags.writeable else block.copy()
+                scores = screen_queries @ torch.from_numpy(writeable).to(torch.bfloat16).T
+            else:
+                scores = queries @ block.T
             slack = margin * np.sqrt(np.einsum("ij,ij->i", block, block).max())
             # A node of the final top-k scores exactly at least the running k-th best, so its screen
             # score is at least that minus the slack...
@@ -140,18 +166,11 @@ def dense_seeds(
             if len(unfilled):
                 # ...and, while a query has fewer than k, it is in its block's exact top-k, whose k-th
                 # exact score is at least the block's k-th screen score minus the slack.
-                if k0 >= len(block):
-                    threshold[unfilled] = -np.inf
-                else:
-                    kth = torch.topk(scores[unfilled], k0, dim=1).values[:, -1].float().numpy()
-                    threshold[unfilled] = kth - 2 * slack[unfilled]
-            limit = torch.from_numpy(threshold.astype(np.float32))
-            live = torch.nonzero(scores.max(dim=1).values >= limit).flatten()  # a fast reduction first
-            if len(live) == 0:
+                kth = _kth_largest(scores, unfilled, k0) if k0 < len(block) else -np.inf  # all are in
+                threshold[unfilled] = kth - 2 * slack[unfilled]
+            rows, cols = _at_least(scores, threshold)
+            if len(rows) == 0:
                 continue
-            sub_rows, cols = torch.nonzero(scores[live] >= limit[live, None], as_tuple=True)
-            rows = live[sub_rows].numpy()
-            cols = cols.numpy()
             ids, values = _pad_rows(rows, cols.astype(np.int64) + n_start, row_cosines(queries, block, rows, cols),
                                     len(queries))
             best_ids, best_scores = _merge_topk(
