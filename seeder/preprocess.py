@@ -528,7 +528,8 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     if config.reduce.dim:
         sample_rows = pca_sample_rows(len(node_ids), config.reduce.fit_sample, config.reduce.seed)
         sample = read_embedding_rows(embed_dir / "nodes", node_ids, sample_rows)
-        pca = fit_pca(sample, config.reduce.dim, len(sample), config.reduce.seed)
+        with intra_op_threads(1):  # the same bits in a local run and in a job driver (one thread)
+            pca = fit_pca(sample, config.reduce.dim, len(sample), config.reduce.seed)
         pca.save(out / "pca.npz")
         explained = float(pca.explained_variance.sum() / (float(np.var(sample, axis=0, dtype=np.float64).sum()) or 1.0))
     width = pca.dim if pca is not None else relations.shape[1]
@@ -542,8 +543,9 @@ def run_features(embed_dir: Path, out: Path, kg: KnowledgeGraph, config: SeederC
     placer.check_complete()
     nodes.flush()
     del nodes
-    np.save(out / "relation.npy", apply_pca(relations, pca))
-    np.save(out / "query.npy", apply_pca(queries, pca))
+    with intra_op_threads(1):
+        np.save(out / "relation.npy", apply_pca(relations, pca))
+        np.save(out / "query.npy", apply_pca(queries, pca))
     np.save(out / "query_ids.npy", inputs["query"][0])
     return {"dim": width, "input_dim": int(relations.shape[1]), "explained_variance": explained,
             "pca_sample": int(min(config.reduce.fit_sample, len(node_ids))) if pca is not None else 0}
@@ -553,7 +555,8 @@ def project_embedding_shard(path: str | Path, pca: PCA | None) -> tuple[np.ndarr
     """One node-embedding shard (a local file or one under a URI), projected by ``pca`` and
     L2-normalised: (ids, float32 features). Runs in any process or node."""
     ids, emb = read_embedding_table(path)
-    return ids, apply_pca(emb, pca)
+    with intra_op_threads(1):  # the same bits in a 1-CPU Ray task and in a process with every core
+        return ids, apply_pca(emb, pca)
 
 
 # ---------------------------------------------------------------------------------------------------
