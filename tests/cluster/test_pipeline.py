@@ -157,6 +157,11 @@ def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, 
         assert set(blocks) == workers, (stage, blocks, workers)
     subgraphs = stage_info(artifacts, "subgraphs")
     assert sorted(b for node in subgraphs["blocks_by_node"].values() for b in node) == list(range(subgraphs["blocks"]))
+    names = {node.node_id: name for name, node in cluster.workers.items()}
+    for stage, key in (("embed", "texts_by_node"), ("features", "rows_by_node"), ("seeds", "blocks_by_node"),
+                       ("paths", "blocks_by_node"), ("subgraphs", "blocks_by_node")):
+        work = {names[n]: (len(v) if isinstance(v, list) else v) for n, v in stage_info(artifacts, stage)[key].items()}
+        print(f"{stage}: {key.split('_')[0]} per worker node {dict(sorted(work.items()))}")  # shown with pytest -s
 
 
 def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(cluster, s3, dataset_uri,
