@@ -78,7 +78,7 @@ def main() -> int:
             print("".join(lines[-40:]))
             raise SystemExit(f"{name} failed with exit code {code}")
         results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9, "peak_process_gb": run_measured.last_peak_process / 1e9,
-                         "peak_process_anon_gb": run_measured.last_peak_anon / 1e9}
+                         "peak_process_anon_gb": run_measured.last_peak_anon / 1e9, "peak_process": run_measured.last_peak_title}
 
     manifest = json.loads((dataset / "manifest.json").read_text())
     counts = manifest["counts"]
@@ -87,7 +87,8 @@ def main() -> int:
     print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s} {'anon':>6s}   (peak: RSS of all processes "
           "together; 1 process: the largest RSS; anon: the largest without file-backed shared pages)")
     for name, r in results.items():
-        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f} {r['peak_process_anon_gb']:6.2f}")
+        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f} {r['peak_process_anon_gb']:6.2f}"
+              f"   largest: {r['peak_process']}")
     summary = json.loads((artifacts / "summary.json").read_text())
     per_stage = summary["stages"]
     print("\npreprocessing stages (from summary.json):")
@@ -95,14 +96,15 @@ def main() -> int:
         print(f"  {name:10s} {st['seconds']:8.1f} s  {st['per_second']:>12,.0f} {st['unit']}/s")
     print(f"  per-query subgraph cost: {1000 * per_stage['subgraphs']['seconds'] / counts['queries']:.3f} ms "
           f"(compare with another --nodes at the same --queries per core)")
-    # Extrapolation: embedding scales with texts (nodes + queries), the features stage with nodes, seeds
-    # with queries x nodes (exact top-k), expansion with queries only (bounded subgraphs).
+    # Extrapolation: embedding and the features stage's projection scale with texts or nodes, seeds with
+    # queries x nodes (exact top-k), expansion with queries only (bounded subgraphs); all of them spread
+    # over the cluster's cores (the PCA fit on its bounded sample is a constant).
     cores = os.cpu_count() or 1
     scale_nodes = args.cluster_nodes / counts["nodes"]
     core_ratio = args.cluster_cores / cores
     est = {
         "embed": per_stage["embed"]["seconds"] * scale_nodes / core_ratio,
-        "features": per_stage["features"]["seconds"] * scale_nodes,
+        "features": per_stage["features"]["seconds"] * scale_nodes / core_ratio,
         "seeds": per_stage["seeds"]["seconds"] * scale_nodes / core_ratio,
         "subgraphs": per_stage["subgraphs"]["seconds"] / core_ratio,
     }

@@ -20,10 +20,12 @@ def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
     """Sample the summed RSS of a process and all its descendants (Ray workers included), the largest
     RSS of any one of them (``peak_process_rss``), and the largest of their RSS less its file-backed
     shared pages (``peak_process_anon``): memory-mapped features count in a reader's RSS, though the
-    page cache holds them once for every process and can drop them."""
+    page cache holds them once for every process and can drop them. ``peak_process_title`` names the
+    process of the largest RSS (a Ray worker's title names its task, e.g. ``ray::on_node``)."""
     import psutil
 
     peak = peak_process = peak_anon = 0
+    title = ""
     root = psutil.Process(pid)
     while not stop.is_set():
         try:
@@ -34,7 +36,12 @@ def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
                 except psutil.Error:
                     continue
                 total += info.rss
-                peak_process = max(peak_process, info.rss)
+                if info.rss > peak_process:
+                    peak_process = info.rss
+                    try:
+                        title = " ".join(proc.cmdline())[:80] or proc.name()
+                    except psutil.Error:
+                        pass
                 peak_anon = max(peak_anon, info.rss - getattr(info, "shared", 0))
             peak = max(peak, total)
         except psutil.Error:
@@ -43,12 +50,14 @@ def peak_tree_rss(pid: int, stop: threading.Event, result: dict) -> None:
     result["peak_rss"] = peak
     result["peak_process_rss"] = peak_process
     result["peak_process_anon"] = peak_anon
+    result["peak_process_title"] = title
 
 
 def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNING", "logging_progress")):
     """Run ``cmd``; return (exit code, wall seconds, peak tree RSS in bytes, output lines). The largest
     RSS of any one process of the tree is in ``run_measured.last_peak_process`` afterwards, and without
-    its file-backed shared pages in ``run_measured.last_peak_anon``."""
+    its file-backed shared pages in ``run_measured.last_peak_anon``; that process's command line in
+    ``run_measured.last_peak_title``."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop, mem = threading.Event(), {}
@@ -66,6 +75,7 @@ def run_measured(cmd: list[str], echo: bool = True, quiet_tags=(" INFO ", "WARNI
     sampler.join()
     run_measured.last_peak_process = mem.get("peak_process_rss", 0)
     run_measured.last_peak_anon = mem.get("peak_process_anon", 0)
+    run_measured.last_peak_title = mem.get("peak_process_title", "")
     return proc.returncode, wall, mem.get("peak_rss", 0), lines
 
 
