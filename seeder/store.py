@@ -278,6 +278,12 @@ class KnowledgeGraph:
         return self.table("nodes")
 
     @cached_property
+    def node_names(self) -> pa.ChunkedArray:
+        """The ``name`` column alone: seeding and the prior's wording read it, and at millions of nodes
+        the whole node table (texts included) is many times larger."""
+        return self.nodes.column("name") if "nodes" in self.__dict__ else self.table("nodes", ["name"]).column("name")
+
+    @cached_property
     def relations(self) -> pa.Table:
         return self.table("relations")
 

@@ -310,7 +310,7 @@ def expand_queries(
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
             profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
-            names = seed_names(kg.nodes.column("name"), seeds[lo:hi]) if prior.wording_dim else None
+            names = seed_names(kg.node_names, seeds[lo:hi]) if prior.wording_dim else None
             inputs = prior.inputs(query_features[lo:hi], profile, None if texts is None else list(texts[lo:hi]), names)
             (terms, ends), children = prior.path_terms(inputs), prior.trie.children
         chunks.append(

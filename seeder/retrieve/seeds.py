@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from seeder.config import AUTO, ConfigError, SeedConfig, SeedStrategy, choices
 from seeder.io import DataError
+from seeder.mapped import release
 
 STRATEGIES = ("dense", "entity", "dense+entity")  # what select_seeds combines
 # Every seed.strategy: bm25 and hybrid come from the baselines, given reads a query attribute.
@@ -111,16 +112,16 @@ def dense_seeds(
     k0: int,
     block_nodes: int = 131_072,
     block_queries: int = 512,
-    progress=None,
     screen: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k0`` nodes by cosine for every query: (ids int64 [Q, k0], scores float32 [Q, k0]).
 
     Features are L2-normalised, so the dot product is the cosine. Rows are best first, ties broken by
     the smaller node id; with fewer than k0 nodes the rest is padded with id -1 and score -inf.
-    ``node_features`` may be a memmap: it is read one block of ``block_nodes`` rows at a time, and at
-    most ``block_queries x block_nodes`` scores exist at once. ``progress(done_queries)`` is called
-    after each query block.
+    ``node_features`` may be a memmap: it is read once, one block of ``block_nodes`` rows at a time,
+    each block scored against every query, ``block_queries`` at a time, and then released from this
+    process (``seeder.mapped.release``), so neither the features nor more than ``block_queries x
+    block_nodes`` scores are ever resident at once.
 
     Each block is first scored by a matrix product in ``screen`` precision (``resolve_screen``; a
     bfloat16 product runs 2-3x as fast as float32 on a CPU with native bfloat16). Only the nodes whose
@@ -142,27 +143,25 @@ def dense_seeds(
             f"query features have dimension {query_features.shape[1]} but node features {node_features.shape[1]}"
         )
     error = screen_error(screen, query_features.shape[1]) * np.linalg.norm(query_features, axis=1)
-    out_ids = np.full((num_queries, k0), -1, dtype=np.int64)
-    out_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
-    for q_start in range(0, num_queries, block_queries):
-        queries = query_features[q_start : q_start + block_queries]
-        screen_queries = torch.from_numpy(queries).to(torch.bfloat16) if screen == "bfloat16" else None
-        margin = error[q_start : q_start + block_queries]
-        best_ids = np.full((len(queries), k0), -1, dtype=np.int64)
-        best_scores = np.full((len(queries), k0), -np.inf, dtype=np.float32)
-        for n_start in range(0, num_nodes, block_nodes):
-            block = np.ascontiguousarray(node_features[n_start : n_start + block_nodes], dtype=np.float32)
-            if screen == "bfloat16":
-                # A memmap's rows are read-only, and torch wraps only writeable arrays.
-                writeable = block if block.flags.writeable else block.copy()
-                scores = screen_queries @ torch.from_numpy(writeable).to(torch.bfloat16).T
-            else:
-                scores = queries @ block.T
-            slack = margin * np.sqrt(np.einsum("ij,ij->i", block, block).max())
+    screen_queries = torch.from_numpy(query_features).to(torch.bfloat16) if screen == "bfloat16" else None
+    best_ids = np.full((num_queries, k0), -1, dtype=np.int64)
+    best_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
+    for n_start in range(0, num_nodes, block_nodes):
+        view = node_features[n_start : n_start + block_nodes]
+        block = np.ascontiguousarray(view, dtype=np.float32)
+        # A memmap's rows are read-only, and torch wraps only writeable arrays.
+        screen_block = (torch.from_numpy(block if block.flags.writeable else block.copy()).to(torch.bfloat16).T
+                        if screen == "bfloat16" else None)
+        widest = np.sqrt(np.einsum("ij,ij->i", block, block).max())
+        for q_start in range(0, num_queries, block_queries):
+            rows_of = slice(q_start, q_start + block_queries)
+            queries = query_features[rows_of]
+            scores = screen_queries[rows_of] @ screen_block if screen == "bfloat16" else queries @ block.T
+            slack = error[rows_of] * widest
             # A node of the final top-k scores exactly at least the running k-th best, so its screen
             # score is at least that minus the slack...
-            threshold = best_scores[:, -1] - slack
-            unfilled = np.flatnonzero(~np.isfinite(best_scores[:, -1]))
+            threshold = best_scores[rows_of, -1] - slack
+            unfilled = np.flatnonzero(~np.isfinite(threshold))
             if len(unfilled):
                 # ...and, while a query has fewer than k, it is in its block's exact top-k, whose k-th
                 # exact score is at least the block's k-th screen score minus the slack.
@@ -173,14 +172,12 @@ def dense_seeds(
                 continue
             ids, values = _pad_rows(rows, cols.astype(np.int64) + n_start, row_cosines(queries, block, rows, cols),
                                     len(queries))
-            best_ids, best_scores = _merge_topk(
-                np.concatenate([best_ids, ids], axis=1), np.concatenate([best_scores, values], axis=1), k0
+            best_ids[rows_of], best_scores[rows_of] = _merge_topk(
+                np.concatenate([best_ids[rows_of], ids], axis=1),
+                np.concatenate([best_scores[rows_of], values], axis=1), k0,
             )
-        out_ids[q_start : q_start + len(queries)] = best_ids
-        out_scores[q_start : q_start + len(queries)] = best_scores
-        if progress is not None:
-            progress(q_start + len(queries))
-    return out_ids, out_scores
+        release(view)
+    return best_ids, best_scores
 
 
 ANN_QUERIES_PER_LIST = 10
@@ -288,7 +285,7 @@ class EntityLinker:
 
     def __init__(self, kg, seed_config: SeedConfig):
         self.max_entities = seed_config.entity_max
-        names = normalise_texts(kg.nodes.column("name"))
+        names = normalise_texts(kg.node_names)
         lengths = pc.utf8_length(names).to_numpy(zero_copy_only=False)
         tokens = pc.list_value_length(pc.split_pattern(names, " ")).to_numpy(zero_copy_only=False)
         only_stop_words = pc.match_substring_regex(
@@ -300,7 +297,7 @@ class EntityLinker:
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         order = np.argsort(codes, kind="stable")
         self.node_ids = node_ids[order].astype(np.int64)
-        self.names = kg.nodes.column("name")  # original spelling, read only where a name is shared
+        self.names = kg.node_names  # original spelling, read only where a name is shared
         counts = np.bincount(codes, minlength=len(encoded.dictionary))
         starts = np.concatenate([[0], np.cumsum(counts)])
         self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -84,6 +86,23 @@ def test_memmap_node_features(tmp_path):
     np.save(tmp_path / "node.npy", nf)
     mm = np.load(tmp_path / "node.npy", mmap_mode="r")
     np.testing.assert_array_equal(dense_seeds(qf, mm, 3, 16, 2)[0], brute_force_topk(qf, nf, 3)[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
+def test_memmapped_features_do_not_stay_resident(tmp_path):
+    """The search reads the features once, block by block, and lets each block go: at ten million nodes
+    they are 10 GB, which would otherwise count in every seeding process's resident set."""
+    from tests.test_mapped import resident_file_bytes
+
+    rng = np.random.default_rng(6)
+    nf = normalised(rng, 32_768, 256)  # 32 MB
+    qf = normalised(rng, 5, 256)
+    np.save(tmp_path / "node.npy", nf)
+    mm = np.load(tmp_path / "node.npy", mmap_mode="r")
+    before = resident_file_bytes()
+    ids, _ = dense_seeds(qf, mm, 3, block_nodes=2048, block_queries=2)
+    assert resident_file_bytes() - before < 8 << 20  # at most a block or two of 2 MB, not 32 MB
+    np.testing.assert_array_equal(ids, brute_force_topk(qf, nf, 3)[0])
 
 
 def test_entity_linking_plain_text(tmp_path):
