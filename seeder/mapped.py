@@ -10,6 +10,10 @@ later read faults the page in again from there.
 
 Only shared file mappings are released: on anonymous or copy-on-write memory the same call would
 discard the contents, so anything else is left alone.
+
+``resident_bytes`` tells how much of a mapping this process holds, so that a long-lived reader with
+scattered reads (an expansion worker reads node rows from all over the features) can let go only once
+it holds more than a budget, rather than after every read.
 """
 
 from __future__ import annotations
@@ -35,6 +39,32 @@ def _madvise():
         return None
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     return fn
+
+
+def resident_bytes(view: np.ndarray) -> int | None:
+    """Bytes of the file mapping under ``view`` resident in this process (the ``Rss`` of its mapping in
+    ``/proc/self/smaps``); None where that is unknown (not Linux, not a memmap)."""
+    if not sys.platform.startswith("linux") or not isinstance(view, np.memmap) or view.nbytes == 0:
+        return None
+    address = view.ctypes.data
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                if not inside:
+                    # A mapping's header: "start-end perms offset dev inode path".
+                    span = line.split(" ", 1)[0]
+                    if "-" in span and ":" not in span:
+                        low, _, high = span.partition("-")
+                        try:
+                            inside = int(low, 16) <= address < int(high, 16)
+                        except ValueError:
+                            inside = False
+                elif line.startswith("Rss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def release(view: np.ndarray) -> bool:

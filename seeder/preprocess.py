@@ -42,7 +42,7 @@ from seeder.config import ConfigError, SeederConfig, to_dict
 from seeder.embed import PCA, apply_pca, fit_pca, pca_sample_rows
 from seeder.io import (DataError, checksum_matches, file_records, fingerprint_json, now, read_manifest, verify_outputs,
                        write_manifest)
-from seeder.mapped import release
+from seeder.mapped import release, resident_bytes
 from seeder.storage import fetch, join
 from seeder.store import KnowledgeGraph, open_dataset
 from seeder.subgraphs import SubgraphSet
@@ -104,7 +104,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
     fps["embed"] = fingerprint_json({"stage": "embed", "v": STAGE_VERSION, "dataset": dataset_fingerprint, "embed": embed_key})
     fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)})
     fps["seeds"] = fingerprint_json({"stage": "seeds", "v": SEEDS_VERSION, "features": fps["features"], "seed": seed})
-    expand = {k: v for k, v in to_dict(config.expand).items() if k != "batch_queries"}
+    expand = {k: v for k, v in to_dict(config.expand).items() if k not in ("batch_queries", "resident_features_gb")}
     if config.expand.relation_score == "learned":
         # Golden paths read the training answers; the prior and the subgraphs follow from them.
         prior = to_dict(config.prior)
@@ -167,6 +167,9 @@ def check_config(config: SeederConfig) -> None:
             or not (0 < p.keep_ratio <= 1) or not (0 <= p.holdout_fraction < 1) or not (p.lr > 0):
         raise ConfigError("prior: caps, sizes, epochs and lr must be positive, keep_ratio in (0, 1], "
                           "holdout_fraction in [0, 1)")
+    if not x.resident_features_gb >= 0:
+        raise ConfigError(f"expand.resident_features_gb must be >= 0 (GiB of node features an expansion worker keeps "
+                          f"mapped; 0 lets them go after every block), got {x.resident_features_gb}")
     if len(x.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 entries (query-head, query-tail, query-relation), got {x.weights}")
 
@@ -861,6 +864,9 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
         cfg.expand, query_ids, splits, answer_ptr, answers, graph=_graph_index(dataset), prior=prior,
         texts=picked.column("text").to_pylist(),
     )
+    resident = resident_bytes(node_features)
+    if resident is not None and resident > cfg.expand.resident_features_gb * 2**30:
+        release(node_features)
     return subgraphs.to_arrow(), {"queries": len(query_ids), "nodes": int(subgraphs.sizes.sum()),
                                   "edges": int(subgraphs.edge_ptr[-1]), "seconds": time.perf_counter() - start}
 

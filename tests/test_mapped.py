@@ -1,5 +1,5 @@
-"""seeder.mapped.release: a read or written range of a memmap leaves this process's resident set and
-keeps its contents; anything but a shared file mapping is left alone."""
+"""seeder.mapped: a read or written range of a memmap leaves this process's resident set and keeps its
+contents; anything but a shared file mapping is left alone; a mapping's resident bytes are measured."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seeder.mapped import release
+from seeder.mapped import release, resident_bytes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
 
@@ -55,3 +55,18 @@ def test_private_or_anonymous_memory_is_left_alone(tmp_path):
     assert not release(anonymous)
     assert (anonymous == 7).all()
     assert not release(np.load(path, mmap_mode="r")[::2])  # not contiguous
+
+
+def test_resident_bytes_follow_what_the_process_touched_and_released(tmp_path):
+    path = tmp_path / "r.npy"
+    np.save(path, np.ones(32 * MB // 4, dtype=np.float32))
+    mapped = np.load(path, mmap_mode="r")
+    release(mapped)
+    assert resident_bytes(mapped) < MB
+    float(mapped[: len(mapped) // 4].sum())  # touches the first quarter
+    # The kernel maps a little around each fault (and whole large folios), never the untouched rest.
+    assert 8 * MB <= resident_bytes(mapped) <= 16 * MB
+    assert resident_bytes(mapped[len(mapped) // 2 :]) == resident_bytes(mapped)  # the whole mapping's, from any view
+    release(mapped)
+    assert resident_bytes(mapped) < MB
+    assert resident_bytes(np.ones(10)) is None

@@ -152,6 +152,25 @@ def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, t
     assert sum(info["rows_by_node"].values()) == 300
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps (Linux)")
+def test_an_expansion_worker_over_its_feature_budget_lets_the_pages_go_with_the_same_subgraphs(reference, tiny_dataset):
+    """``expand.resident_features_gb`` bounds the node-feature pages a worker keeps mapped between blocks;
+    releasing them changes no subgraph."""
+    from seeder.config import SeederConfig, from_dict, to_dict
+    from seeder.mapped import resident_bytes
+    from seeder.preprocess import _features, expand_block
+
+    config = from_dict(SeederConfig, json.loads((reference / "manifest.json").read_text())["config"])
+    expected = open_artifacts(reference).subgraphs().to_arrow()
+    query_ids = expected.column("query_id").to_numpy()
+    node_features = _features(reference / "features")[0]
+    for budget, resident_after in ((1.0, lambda b: b > 0), (0.0, lambda b: b == 0)):
+        config.expand.resident_features_gb = budget
+        table, counts = expand_block(str(tiny_dataset), str(reference), query_ids, to_dict(config))
+        assert table.equals(expected) and counts["queries"] == 40
+        assert resident_after(resident_bytes(node_features)), (budget, resident_bytes(node_features))
+
+
 def test_rerun_skips_every_stage_without_starting_ray(reference, tiny_dataset):
     before = {s: (reference / s / "manifest.json").stat().st_mtime_ns for s in STAGE_NAMES}
     result = run_job(tiny_dataset, reference)
