@@ -392,7 +392,8 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
             print(line, flush=True)
         pp.check_config(config)
         fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
-        manifest.update(config=to_dict(config), fingerprints=fps, derived=lines)
+        step_budget = {"expansion_sizes": config.train.expansion_sizes, "frontier_caps": config.train.frontier_caps}
+        manifest.update(config=to_dict(config), fingerprints=fps, derived=lines, step_budget=step_budget)
         write_manifest(out, manifest)
     stage_run("seeds", lambda s: run_seeds(need_ray(), s, kg, config, args, out / "features", inputs), counts["queries"],
               "queries",

@@ -99,7 +99,7 @@ def prepare_job(
     if not Path(local).is_dir():
         raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
     opened = open_artifacts(local)
-    config = training_config(opened.config, config_path, overrides)
+    config = training_config(opened.config, config_path, overrides, opened.step_budget)
     check_config(config)
     if config.train.init_from and not is_uri(config.train.init_from) and not config.train.init_from.startswith(("runs:/", "models:/")):
         start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory
@@ -414,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job.out.mkdir(parents=True, exist_ok=True)
     print(f"training on {job.trainable:,} trainable queries ({job.val_queries:,} val), {args.num_workers} "
-          f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}", flush=True)
+          f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}; "
+          f"{len(job.config.train.expansion_sizes)} expansion steps of {job.config.train.expansion_sizes} nodes "
+          f"(frontier caps {job.config.train.frontier_caps})", flush=True)
     run = None
     if not args.no_mlflow:
         run = tracking.TrainingRun.start(

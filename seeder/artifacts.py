@@ -74,6 +74,12 @@ class Artifacts:
         return from_dict(SeederConfig, self.manifest["config"])
 
     @property
+    def step_budget(self) -> dict[str, list[int]] | None:
+        """The policy's step budget preprocessing derived from the golden paths (seeder.derive), or None
+        where it derived nothing (a config file set the choices)."""
+        return self.manifest.get("step_budget")
+
+    @property
     def fingerprint(self) -> str | None:
         """One fingerprint of what the artifacts are: their stage fingerprints (dataset, config) together."""
         stages = self.manifest.get("fingerprints")

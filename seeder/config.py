@@ -578,6 +578,9 @@ class SynthConfig(Section):
     """Share of queries whose last hop is the multi-valued ``associate of`` relation (0 for none)."""
     multi_answer_fanout: int = 3
     """c: permutations united into ``associate of``; a multi-answer query has up to c answers."""
+    fanout_frac: float = 0.0
+    """Share of queries whose every hop is ``associate of``: an l-hop one reaches up to c^l answers, and
+    its path fans out at every hop (configs/synth_fanout.yaml)."""
     val_fraction: float = 0.1
     """Share of queries in the val split."""
     test_fraction: float = 0.1
@@ -753,18 +756,39 @@ PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand", "prior")
 """Sections fixed by preprocessing: a run on existing artifacts always takes them from the artifacts."""
 
 
-def training_config(artifacts_config: "SeederConfig", config_path: str | Path | None, overrides: list[str] | None) -> "SeederConfig":
+STEP_BUDGET_FIELDS = ("expansion_sizes", "frontier_caps")
+"""The policy's step budget in the train section, which preprocessing may derive (seeder.derive)."""
+
+
+def training_config(artifacts_config: "SeederConfig", config_path: str | Path | None, overrides: list[str] | None,
+                    step_budget: dict[str, list[int]] | None = None) -> "SeederConfig":
     """Model/train/eval settings from ``config_path`` + ``overrides``; the preprocessing sections always
-    come from the artifacts' own config, since the subgraphs and features were built with them."""
+    come from the artifacts' own config, since the subgraphs and features were built with them. A
+    ``step_budget`` that preprocessing derived (``Artifacts.step_budget``) replaces the defaults of
+    ``train.expansion_sizes`` and ``train.frontier_caps`` unless the config file or overrides set either."""
+    given = user_config(config_path, overrides)
     merged = to_dict(load_config(config_path, overrides))
     base = to_dict(artifacts_config)
     for section in PREPROCESSING_SECTIONS:
         merged[section] = base[section]
+    train_given = given.get("train") if isinstance(given.get("train"), dict) else {}
+    if step_budget and not set(STEP_BUDGET_FIELDS) & set(train_given):
+        merged["train"].update({name: list(step_budget[name]) for name in STEP_BUDGET_FIELDS})
     return from_dict(SeederConfig, merged)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> SeederConfig:
     """Defaults, then the YAML file at ``path`` (if any), then dotted ``overrides``."""
+    data = user_config(path, overrides)
+    try:
+        return from_dict(SeederConfig, data)
+    except ConfigError as exc:
+        where = f" in {path}" if path is not None else ""
+        raise ConfigError(f"{exc}{where}") from None
+
+
+def user_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """What the user wrote, as a nested dict: the YAML file at ``path`` (if any), then dotted ``overrides``."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -787,12 +811,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(loaded).__name__}")
         data = loaded
-    data = _merge(data, parse_overrides(overrides or []))
-    try:
-        return from_dict(SeederConfig, data)
-    except ConfigError as exc:
-        where = f" in {path}" if path is not None else ""
-        raise ConfigError(f"{exc}{where}") from None
+    return _merge(data, parse_overrides(overrides or []))
 
 
 def to_dict(config: Any) -> dict[str, Any]:

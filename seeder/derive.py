@@ -12,7 +12,11 @@ golden relation paths (seeder.retrieve.paths) already say what a tuned config wo
   the training questions' best paths reach at each hop, among the questions whose path gets that far
   (at least ``MIN_SHARE`` of it each);
 - ``expand.relation_score: auto``: ``learned`` when at least ``MIN_PATH_SHARE`` of the training questions
-  have a golden path (the prior has something to learn), else the paper's ``cosine``.
+  have a golden path (the prior has something to learn), else the paper's ``cosine``;
+- the policy's step budget (``train.expansion_sizes`` and ``train.frontier_caps``, recorded in the
+  artifacts as ``step_budget`` and used by training unless its config sets them): one expansion step per
+  hop, so that a K-hop question's answers are within the policy's reach, each step adding about the
+  nodes the best paths reach at its hop (``step_budget``).
 
 A config file asks for a derivation by writing these values; ``pipelines/preprocess.py`` run without
 ``--config`` derives every one of them that the command line does not set (``derive_unset``).
@@ -34,6 +38,12 @@ MAX_HOPS = 3
 COVER = 0.97
 MIN_SHARE = 0.1
 MIN_PATH_SHARE = 0.5
+STEP_MIN, STEP_MAX = 5, 30
+"""Bounds of a derived expansion step c_t: a step adds at least a few candidates, and a hop that fans
+out to hundreds of nodes still adds a set a reranker can read."""
+FRONTIER_FACTOR, FRONTIER_MIN, FRONTIER_MAX = 5, 20, 150
+"""A derived step's frontier cap: this many times its size, within these bounds (the paper's defaults,
+c = [7, 10] with caps [20, 50], give the policy 3-5 candidates per pick)."""
 AUTO_STRATEGY = "auto"
 AUTO_RELATION_SCORE = "auto"
 
@@ -118,8 +128,10 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
         keep = expand.keep_per_hop or _split(expand.budget - seed_cfg.k0, np.ones(hops))
         score = "cosine" if expand.relation_score == AUTO_RELATION_SCORE else expand.relation_score
         lines.append("auto: no training questions with answers; the paper's settings (dense seeds, cosine relation score)")
+        sizes, caps = step_budget(np.full(hops, float(STEP_MIN)))
         return dataclasses.replace(config, seed=resolved_seed, expand=dataclasses.replace(
-            expand, hops=hops, keep_per_hop=list(keep), relation_score=score)), lines
+            expand, hops=hops, keep_per_hop=list(keep), relation_score=score),
+            train=dataclasses.replace(config.train, expansion_sizes=sizes, frontier_caps=caps)), lines
 
     rows = np.searchsorted(query_ids, ids)
     q_features = np.asarray(query_features[rows], dtype=np.float32)
@@ -176,8 +188,8 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
             lines.append("auto: expand.hops=2 (no training question has an answer within "
                          f"{MAX_HOPS} hops of its seeds: the paper's default)")
     keep = list(expand.keep_per_hop)
+    on_path = _nodes_on_best_paths(found, best_q, best_code, best_len, hops, 2 * kg.num_relations)
     if not keep or len(keep) != hops:
-        on_path = _nodes_on_best_paths(found, best_q, best_code, best_len, hops, 2 * kg.num_relations)
         keep = _split(expand.budget - seed_cfg.k0, on_path)
         lines.append(f"auto: expand.keep_per_hop={keep} (budget {expand.budget} less {seed_cfg.k0} seeds, split as the "
                      f"nodes the training questions' best paths reach per hop: "
@@ -187,10 +199,25 @@ def derive_defaults(kg, node_features: np.ndarray, query_features: np.ndarray, q
         score = "learned" if share >= MIN_PATH_SHARE else "cosine"
         lines.append(f"auto: expand.relation_score={score} ({share:.2f} of the training questions have a golden "
                      f"relation path; the prior is learnt from them when at least {MIN_PATH_SHARE:.2f} do)")
+    sizes, caps = step_budget(on_path)
+    lines.append(f"auto: train.expansion_sizes={sizes} train.frontier_caps={caps} (one policy step per hop, each "
+                 f"adding about the nodes the training questions' best paths reach at its hop, within "
+                 f"[{STEP_MIN}, {STEP_MAX}]; caps {FRONTIER_FACTOR}x a step; training's own config may set them)")
     resolved = dataclasses.replace(
-        config, seed=seed_cfg, expand=dataclasses.replace(expand, hops=hops, keep_per_hop=keep, relation_score=score)
+        config, seed=seed_cfg, expand=dataclasses.replace(expand, hops=hops, keep_per_hop=keep, relation_score=score),
+        train=dataclasses.replace(config.train, expansion_sizes=sizes, frontier_caps=caps),
     )
     return resolved, lines
+
+
+def step_budget(nodes_per_hop: np.ndarray) -> tuple[list[int], list[int]]:
+    """The policy's (expansion sizes, frontier caps): one step per hop, step t adding the nodes the
+    paths reach at hop t (rounded up, within [STEP_MIN, STEP_MAX]), its frontier FRONTIER_FACTOR times
+    that. The paper sets T and c_t of Algorithm 1 by hand; a fixed T below the hops a question needs
+    leaves its answers out of reach, however well the policy learns."""
+    sizes = np.clip(np.ceil(np.asarray(nodes_per_hop, dtype=np.float64) - 1e-9), STEP_MIN, STEP_MAX).astype(int)
+    caps = np.clip(FRONTIER_FACTOR * sizes, FRONTIER_MIN, FRONTIER_MAX)
+    return [int(x) for x in sizes], [int(x) for x in caps]
 
 
 def _nodes_on_best_paths(found, best_q, best_code, best_len, hops: int, num_ids: int) -> np.ndarray:

@@ -19,6 +19,9 @@ On top of that definition:
   ``multi_answer_fanout`` further permutations ``pi_1..pi_c`` (each node has up to ``c`` associates).
   A multi-answer query ends with that hop; its answers are ``{pi_j(x)}`` for the node ``x`` reached
   before it, again exact by construction.
+- Fan-out queries (``fanout_frac``): every hop is ``associate of``, so an ``l``-hop query's path reaches
+  up to ``c``, ``c^2`` ... ``c^l`` nodes and its answers are all of the last hop's (a queries column
+  ``fanout`` marks them).
 
 Everything is vectorised numpy/pyarrow and deterministic from ``seed``: the same parameters give the
 same bytes in every Parquet file.
@@ -88,7 +91,9 @@ def check(cfg: SynthConfig) -> None:
         problems.append("queries must be at least 1")
     if not 0 <= cfg.multi_answer_frac <= 1:
         problems.append("multi-answer-frac must be in [0, 1]")
-    if cfg.multi_answer_fanout < 2 and cfg.multi_answer_frac > 0:
+    if not 0 <= cfg.fanout_frac <= 1 or cfg.multi_answer_frac + cfg.fanout_frac > 1:
+        problems.append("fanout-frac must be in [0, 1], and at most 1 together with multi-answer-frac")
+    if cfg.multi_answer_fanout < 2 and (cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0):
         problems.append("multi-answer-fanout must be at least 2")
     if cfg.hubs < 0 or cfg.hubs > cfg.nodes or cfg.hub_degree < 0:
         problems.append("hubs must be in 0..nodes and hub-degree >= 0")
@@ -128,7 +133,7 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     rel_parts = [np.repeat(np.arange(k, dtype=np.int32), n)]
 
     multi_rel = -1
-    if cfg.multi_answer_frac > 0:
+    if cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0:
         multi_rel = len(rel_names)
         pi = np.empty((cfg.multi_answer_fanout, n), dtype=index_type)
         for j in range(cfg.multi_answer_fanout):
@@ -194,6 +199,11 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     length = rng.integers(1, big_l + 1, size=q)
     path = rng.integers(k, size=(q, big_l)).astype(np.int32)
     multi = (rng.random(q) < cfg.multi_answer_frac) if multi_rel >= 0 else np.zeros(q, dtype=bool)
+    fanout = np.zeros(q, dtype=bool)
+    if cfg.fanout_frac > 0:  # drawn only then: graphs without fan-out keep their bytes
+        u = rng.random(q)
+        fanout = (u < cfg.fanout_frac) & ~multi
+        path[fanout] = multi_rel
     rows = np.arange(q)
     path[rows[multi], length[multi] - 1] = multi_rel
     path[np.arange(big_l)[None, :] >= length[:, None]] = -1
@@ -215,13 +225,15 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     else:
         counts = np.ones(q, dtype=np.int64)
         flat = current
+    if fanout.any():
+        counts, flat = _with_fanout_answers(counts, flat, fanout, start, length, pi)
     offsets = np.zeros(q + 1, dtype=np.int32)
     np.cumsum(counts, out=offsets[1:])
     answers = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int64()))
 
     # Text, last hop first: "What is the capital of the mentor of Bakilo?"
     phrase_table = pa.array(rel_texts + [""], pa.string())
-    pieces = [pc.if_else(pa.array(multi), "Which entities are ", "What is ")]
+    pieces = [pc.if_else(pa.array(multi | fanout), "Which entities are ", "What is ")]
     for hop in range(big_l - 1, -1, -1):
         step = path[:, hop]
         phrase = phrase_table.take(pa.array(np.where(step >= 0, step, len(rel_texts))))
@@ -246,7 +258,31 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
             "multi_answer": pa.array(multi),
         }
     )
+    if cfg.fanout_frac > 0:
+        queries = queries.append_column("fanout", pa.array(fanout))
     return nodes, relations, edges, queries
+
+
+def _with_fanout_answers(counts: np.ndarray, flat: np.ndarray, fanout: np.ndarray, start: np.ndarray,
+                         length: np.ndarray, pi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query answer lists (``counts``, ``flat``) with the fan-out queries' replaced by every node their
+    ``associate of`` path reaches at its last hop (sorted, distinct)."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    keep = ~fanout[owner]
+    owners, values = [owner[keep]], [np.asarray(flat, dtype=np.int64)[keep]]
+    for hops in np.unique(length[fanout]):
+        rows = np.flatnonzero(fanout & (length == hops))
+        reached = start[rows, None].astype(np.int64)
+        for _ in range(int(hops)):  # [rows, w] -> [rows, c * w]: each node's c associates
+            reached = pi[:, reached].transpose(1, 0, 2).reshape(len(rows), -1).astype(np.int64)
+        reached = np.sort(reached, axis=1)
+        distinct = np.ones_like(reached, dtype=bool)
+        distinct[:, 1:] = reached[:, 1:] != reached[:, :-1]
+        owners.append(np.broadcast_to(rows[:, None], reached.shape)[distinct])
+        values.append(reached[distinct])
+    owner, value = np.concatenate(owners), np.concatenate(values)
+    order = np.argsort(owner, kind="stable")  # rows in order, each row's answers as they were
+    return np.bincount(owner, minlength=len(counts)), value[order]
 
 
 @writes_output

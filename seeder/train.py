@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         artifacts = open_artifacts(args.artifacts)
-        config = training_config(artifacts.config, args.config, args.overrides)
+        config = training_config(artifacts.config, args.config, args.overrides, artifacts.step_budget)
         check_config(config)
         out = Path(args.out)
         if not args.resume and (checkpoint.is_checkpoint(out / "last")

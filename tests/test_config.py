@@ -120,6 +120,21 @@ def test_training_config_keeps_the_artifacts_preprocessing_sections(tmp_path):
     assert (config.train.lr, config.model.hidden_dim) == (5e-4, 48)
 
 
+def test_a_derived_step_budget_applies_unless_the_training_config_sets_one(tmp_path):
+    from seeder.config import training_config
+
+    built_with = load_config(None, ["expand.hops=3", "expand.keep_per_hop=[20,60,120]"])
+    derived = {"expansion_sizes": [5, 9, 27], "frontier_caps": [25, 45, 135]}
+    config = training_config(built_with, None, ["train.lr=0.002"], derived)
+    assert (config.train.expansion_sizes, config.train.frontier_caps) == ([5, 9, 27], [25, 45, 135])
+    assert training_config(built_with, None, [], None).train.expansion_sizes == SeederConfig().train.expansion_sizes
+    given = training_config(built_with, None, ["train.expansion_sizes=[4,4]"], derived)
+    assert (given.train.expansion_sizes, given.train.frontier_caps) == ([4, 4], SeederConfig().train.frontier_caps)
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  frontier_caps: [30, 60]\n")
+    assert training_config(built_with, path, [], derived).train.expansion_sizes == SeederConfig().train.expansion_sizes
+
+
 def test_every_choice_field_is_checked_when_its_section_is_built():
     from seeder.config import SeederConfig, _choice_fields
 

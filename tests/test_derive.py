@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from seeder.config import SeederConfig, SynthConfig
-from seeder.derive import derive_defaults, derive_unset, needs_derivation
+from seeder.derive import FRONTIER_FACTOR, STEP_MIN, derive_defaults, derive_unset, needs_derivation, step_budget
 from seeder.store import open_dataset, write_dataset
 from seeder.synth import generate
 
@@ -47,11 +47,33 @@ def test_derivation_reads_the_questions_needs_and_only_training_answers(tmp_path
     assert max(resolved.expand.keep_per_hop) - min(resolved.expand.keep_per_hop) <= 2
     assert resolved.expand.relation_score == "learned"
     assert not needs_derivation(resolved)
-    assert len(lines) == 4 and all(line.startswith("auto: ") for line in lines)
+    # One policy step per hop; a path of permutations reaches one node a hop: the smallest steps.
+    assert resolved.train.expansion_sizes == [STEP_MIN] * 3
+    assert resolved.train.frontier_caps == [FRONTIER_FACTOR * STEP_MIN] * 3
+    assert len(lines) == 5 and all(line.startswith("auto: ") for line in lines)
     # Val and test answers are never read.
     other = _graph(tmp_path, "mangled", mangle_held_out=True)
     again, _ = derive_defaults(other, nf, qf, ids, config)
     assert again == resolved
+
+
+def test_the_step_budget_follows_the_nodes_each_hop_reaches_within_bounds():
+    sizes, caps = step_budget(np.array([1.0, 9.2, 400.0]))
+    assert sizes == [5, 10, 30]  # at least a few, the hop's nodes rounded up, at most a readable set
+    assert caps == [25, 50, 150] and all(c >= s for c, s in zip(caps, sizes))
+
+
+def test_wide_fan_out_questions_get_larger_steps(tmp_path):
+    nodes, relations, edges, queries = generate(SynthConfig(nodes=600, relations=4, max_path_length=3, queries=900,
+                                                            hubs=0, multi_answer_frac=0.0, fanout_frac=1.0,
+                                                            multi_answer_fanout=3, seed=2))
+    kg = open_dataset(write_dataset(tmp_path / "fan", nodes, relations, edges, queries))
+    nf, qf = _features(kg)
+    resolved, _ = derive_defaults(kg, nf, qf, np.sort(kg.queries.column("id").to_numpy()), derive_unset(SeederConfig(), {}))
+    # Paths through "associate of" reach about 3, 9 and 27 nodes at hops 1, 2 and 3.
+    assert resolved.expand.hops == 3
+    sizes = resolved.train.expansion_sizes
+    assert len(sizes) == 3 and sizes[0] == STEP_MIN and 7 <= sizes[1] <= 12 and sizes[2] >= 14
 
 
 def test_the_command_line_overrides_a_derivation(tmp_path):

@@ -35,9 +35,33 @@ def walk(kg, nodes: np.ndarray, relation: int) -> list[set[int]]:
 
 
 def test_every_answer_is_the_composed_permutation_walked_on_stored_edges(kg):
+    assert assert_answers_are_the_paths_walked(kg)["multi_answer"] > 0
+
+
+def test_fanout_questions_answer_every_node_their_path_reaches(tmp_path):
+    cfg = dataclasses.replace(SMALL, multi_answer_frac=0.1, fanout_frac=0.4)
+    synthesize(cfg, tmp_path / "fan")
+    fan = open_dataset(tmp_path / "fan")
+    counts = assert_answers_are_the_paths_walked(fan)
+    assert counts["fanout"] > 100 and counts["multi_answer"] > 10
+    three = [q for q in fan.queries.to_pylist() if q["fanout"] and q["hop"] == 3]
+    assert np.mean([len(q["answers"]) for q in three]) > 15  # up to 27 = 3^3 nodes
+    assert all(q["text"].startswith("Which entities are the associate of the associate of the associate of ") for q in three)
+    # Without fan-out, no column (and no extra random draws: see test_same_seed_same_bytes_other_seed_other_graph).
+    assert "fanout" not in open_dataset(_synth(tmp_path / "plain", SMALL)).queries.column_names
+
+
+def _synth(out, cfg):
+    synthesize(cfg, out)
+    return out
+
+
+def assert_answers_are_the_paths_walked(kg) -> dict[str, int]:
+    """Walks every query's relation path on the stored edges; its answers must be exactly the nodes
+    reached. Returns how many queries were multi-answer and fan-out ones."""
     queries = kg.queries.to_pylist()
     multi_rel = kg.relations.column("name").to_pylist().index("associate_of")
-    n_multi = 0
+    n_multi = n_fanout = 0
     for q in queries:
         frontier = {q["start"]}
         for r in q["path"]:
@@ -50,7 +74,8 @@ def test_every_answer_is_the_composed_permutation_walked_on_stored_edges(kg):
         assert sorted(frontier) == sorted(q["answers"]), q
         assert q["hop"] == len(q["path"])
         n_multi += q["multi_answer"]
-    assert n_multi > 0
+        n_fanout += q.get("fanout", False)
+    return {"multi_answer": n_multi, "fanout": n_fanout}
 
 
 def test_permutation_relations_are_bijections(kg):

@@ -290,7 +290,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         overrides.append(f"train.queries_per_epoch={args.queries_per_epoch}")
     if args.val_queries is not None:
         overrides.append(f"train.val_queries={args.val_queries}")
-    config = training_config(artifacts.config, args.config, overrides)
+    config = training_config(artifacts.config, args.config, overrides, artifacts.step_budget)
     space = sw.load_space(args.space)
     name = args.name or f"sweep-{dataset_name}"
     model_name = args.model_name or f"seeder-{dataset_name}"
