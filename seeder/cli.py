@@ -17,6 +17,7 @@ from seeder.io import DataError
 COMMAND_MODULES = [
     "seeder.importers.cli",  # seeder import stark|metaqa|triples
     "seeder.synth",  # seeder synth
+    "seeder.questions",  # seeder questions (training questions generated from a graph)
     "seeder.evaluate",  # seeder evaluate
     "seeder.benchmark",  # seeder benchmark
     "seeder.retriever",  # seeder retrieve (new questions, a trained SeedER model)

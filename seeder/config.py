@@ -11,6 +11,7 @@ Each section is owned by one stage of the pipeline:
 - ``train``: REINFORCE + BPR training (``seeder.train``)
 - ``eval``: metrics and rankings (``seeder.metrics``)
 - ``synth``: the synthetic graph generator (``seeder.synth``)
+- ``questions``: questions generated from a graph's paths (``seeder.questions``)
 """
 
 from __future__ import annotations
@@ -590,6 +591,32 @@ class SynthConfig(Section):
 
 
 @dataclass
+class QuestionsConfig(Section):
+    """Training questions generated from a graph's own paths and texts (``seeder questions``)."""
+
+    count: int = 30_000
+    """Questions to sample (fewer remain after duplicates and over-broad ones are dropped)."""
+    max_hops: int = 3
+    """Relations per question: 1 to this many, uniformly."""
+    max_answers: int = 50
+    """A question whose path reaches more nodes than this is dropped (too broad to be a question)."""
+    anchor_degree_cap: int = 100
+    """Anchors are drawn in proportion to their degree, counted up to this cap, so that hubs do not
+    take every question."""
+    neighbor_cap: int = 1_000
+    """At most this many neighbours of one node are followed when a path's answers are collected (a
+    fixed-stride sample beyond it, as in K-HOP-WITH-FILTERING)."""
+    holdout_fraction: float = 0.1
+    """Share of the multi-hop relation paths never used for training questions, so that validation
+    measures compositions the model has not seen."""
+    real_train: int = 0
+    """Real training questions of the dataset kept beside the generated ones (a fixed, hashed sample;
+    0 keeps none: the generated questions alone train)."""
+    seed: int = 0
+    """Seed of every random choice; the same seed gives the same questions."""
+
+
+@dataclass
 class SeederConfig:
     """The whole configuration of a SeedER run, one section per stage."""
 
@@ -611,6 +638,8 @@ class SeederConfig:
     """Evaluation."""
     synth: SynthConfig = field(default_factory=SynthConfig)
     """The synthetic graph generator (``seeder synth``); ignored by the other stages."""
+    questions: QuestionsConfig = field(default_factory=QuestionsConfig)
+    """Questions generated from a graph (``seeder questions``); ignored by the other stages."""
     baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
     """The comparison suite: Table 1's baselines plus BM25 and hybrid."""
 

@@ -171,6 +171,29 @@ def test_an_expansion_worker_over_its_feature_budget_lets_the_pages_go_with_the_
         assert resident_after(resident_bytes(node_features)), (budget, resident_bytes(node_features))
 
 
+def test_without_a_config_the_derived_step_budget_reaches_training(tiny_dataset, tmp_path):
+    """No config file: preprocessing derives the policy's step budget with the other defaults, records
+    it in the artifacts, and training uses it unless its own settings name one."""
+    from pipelines import train
+
+    out = tmp_path / "derived"
+    command = [sys.executable, str(SCRIPT), "--dataset", str(tiny_dataset), "--out", str(out), "--ray-address", "local",
+               "--num-cpus", "2", *FLAGS, "embed.encoder=hash", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30"]
+    result = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    budget = manifest["step_budget"]
+    hops = manifest["config"]["expand"]["hops"]
+    assert len(budget["expansion_sizes"]) == len(budget["frontier_caps"]) == hops
+    assert f"auto: train.expansion_sizes={budget['expansion_sizes']} train.frontier_caps={budget['frontier_caps']}" in result.stdout
+    job = train.prepare_job(str(out), None, ["train.epochs=1"], str(tmp_path / "model"), 1)
+    assert job.config.train.expansion_sizes == budget["expansion_sizes"]
+    assert job.config.train.frontier_caps == budget["frontier_caps"]
+    own = train.prepare_job(str(out), None, ["train.expansion_sizes=[2,2]", "train.frontier_caps=[4,4]"],
+                            str(tmp_path / "model2"), 1)
+    assert (own.config.train.expansion_sizes, own.config.train.frontier_caps) == ([2, 2], [4, 4])
+
+
 def test_rerun_skips_every_stage_without_starting_ray(reference, tiny_dataset):
     before = {s: (reference / s / "manifest.json").stat().st_mtime_ns for s in STAGE_NAMES}
     result = run_job(tiny_dataset, reference)
