@@ -595,7 +595,8 @@ class QuestionsConfig(Section):
     """Training questions generated from a graph's own paths and texts (``seeder questions``)."""
 
     count: int = 30_000
-    """Questions to sample (fewer remain after duplicates and over-broad ones are dropped)."""
+    """Questions wanted, an even share for each number of hops (fewer where the graph has too few
+    distinct paths of a length within ``max_answers``)."""
     max_hops: int = 3
     """Relations per question: 1 to this many, uniformly."""
     max_answers: int = 50

@@ -53,6 +53,9 @@ TEMPLATES = (
 lists them ("directed by, then wrote"); ``type`` is the answer's node type."""
 
 HASH_MULTIPLIER = np.uint64(2654435761)
+OVERSAMPLE = 3
+"""Walks sampled per question wanted: duplicates and paths that reach too many nodes are dropped, most
+of all among the longest."""
 
 
 def path_codes(paths: np.ndarray, lengths: np.ndarray, num_relation_ids: int) -> np.ndarray:
@@ -71,15 +74,16 @@ def held_out(codes: np.ndarray, lengths: np.ndarray, fraction: float) -> np.ndar
 
 
 def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(anchors, relation paths [n, max_hops] padded with -1, lengths) of ``cfg.count`` walks."""
+    """(anchors, relation paths [n, max_hops] padded with -1, lengths) of ``OVERSAMPLE * cfg.count`` walks."""
     indptr = np.asarray(kg.indptr, dtype=np.int64)
     degree = np.diff(indptr)
     weight = np.minimum(degree, cfg.anchor_degree_cap).astype(np.float64)
     if weight.sum() == 0:
         raise DataError(f"{kg.path}: the graph has no edges to generate questions from")
-    anchors = rng.choice(kg.num_nodes, size=cfg.count, p=weight / weight.sum())
-    lengths = rng.integers(1, cfg.max_hops + 1, size=cfg.count)
-    paths = np.full((cfg.count, cfg.max_hops), -1, dtype=np.int64)
+    walks = OVERSAMPLE * cfg.count
+    anchors = rng.choice(kg.num_nodes, size=walks, p=weight / weight.sum())
+    lengths = rng.integers(1, cfg.max_hops + 1, size=walks)
+    paths = np.full((walks, cfg.max_hops), -1, dtype=np.int64)
     current = anchors.copy()
     for hop in range(cfg.max_hops):
         walking = lengths > hop
@@ -87,7 +91,7 @@ def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np
         stuck = walking & (deg == 0)  # a dead end (only when reached through one direction): shorten
         lengths[stuck] = hop
         walking &= ~stuck
-        pick = indptr[current] + np.floor(rng.random(cfg.count) * np.maximum(deg, 1)).astype(np.int64)
+        pick = indptr[current] + np.floor(rng.random(walks) * np.maximum(deg, 1)).astype(np.int64)
         paths[walking, hop] = np.asarray(kg.edge_relations)[pick[walking]]
         current[walking] = np.asarray(kg.neighbors)[pick[walking]]
     keep = lengths >= 1
@@ -180,6 +184,13 @@ def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[st
     q, n = q[not_anchor], n[not_anchor]
     counts = np.bincount(q, minlength=len(anchors))
     keep = within & (counts > 0)
+    # Longer paths more often reach too many nodes: as many questions of each length as there are walks
+    # for it, up to an even share of ``count`` (the walks are in random order, so the first ones).
+    rank = np.zeros(len(keep), dtype=np.int64)
+    for hops in range(1, cfg.max_hops + 1):
+        of_length = np.flatnonzero(keep & (lengths == hops))
+        rank[of_length] = np.arange(len(of_length))
+    keep &= rank < -(-cfg.count // cfg.max_hops)
     index = np.cumsum(keep) - 1
     pair_keep = keep[q]
     q, n = index[q[pair_keep]], n[pair_keep]
