@@ -102,7 +102,7 @@ def follow(kg, anchors: np.ndarray, paths: np.ndarray, lengths: np.ndarray, neig
            max_answers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every node each question's relation path reaches from its anchor: (question, node) pairs sorted by
     question then node, and a mask of the questions whose reach stayed within ``max_answers`` at every hop."""
-    from seeder.retrieve.paths import sampled_slices
+    from seeder.retrieve.paths import _first_of_runs, sampled_slices
 
     indptr, neighbors, relations = kg.indptr, kg.neighbors, kg.edge_relations
     num_q = len(anchors)
@@ -119,8 +119,7 @@ def follow(kg, anchors: np.ndarray, paths: np.ndarray, lengths: np.ndarray, neig
         q, n = cur_q[owner[ok]], np.asarray(neighbors[pos[ok]], dtype=np.int64)
         order = np.lexsort((n, q))
         q, n = q[order], n[order]
-        first = np.ones(len(q), dtype=bool)
-        first[1:] = (q[1:] != q[:-1]) | (n[1:] != n[:-1])
+        first = _first_of_runs(q, n)
         q, n = q[first], n[first]
         within &= np.bincount(q, minlength=num_q) <= max_answers
         q_ok = within[q]
