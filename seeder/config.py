@@ -582,6 +582,10 @@ class SynthConfig(Section):
     fanout_frac: float = 0.0
     """Share of queries whose every hop is ``associate of``: an l-hop one reaches up to c^l answers, and
     its path fans out at every hop (configs/synth_fanout.yaml)."""
+    condition_frac: float = 0.0
+    """Share of queries that end with ``associate of`` and name the answer's node type ("Which film is the
+    associate of ..."): only the question's text against a candidate's text tells the answers from the
+    other associates (configs/synth_condition.yaml)."""
     val_fraction: float = 0.1
     """Share of queries in the val split."""
     test_fraction: float = 0.1

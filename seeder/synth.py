@@ -22,6 +22,11 @@ On top of that definition:
 - Fan-out queries (``fanout_frac``): every hop is ``associate of``, so an ``l``-hop query's path reaches
   up to ``c``, ``c^2`` ... ``c^l`` nodes and its answers are all of the last hop's (a queries column
   ``fanout`` marks them).
+- Text-conditioned queries (``condition_frac``): the last hop is ``associate of`` and the question
+  names a node type, ``"Which film is the associate of the mentor of Bakilo?"``: the answers are the
+  associates of that type (at least one, as the type is drawn from them; a queries column
+  ``conditioned`` marks them). The relation path reaches every associate alike; only the question's
+  text against each candidate's own text (``"Kazuri: a film"``) tells them apart.
 
 Everything is vectorised numpy/pyarrow and deterministic from ``seed``: the same parameters give the
 same bytes in every Parquet file.
@@ -93,7 +98,9 @@ def check(cfg: SynthConfig) -> None:
         problems.append("multi-answer-frac must be in [0, 1]")
     if not 0 <= cfg.fanout_frac <= 1 or cfg.multi_answer_frac + cfg.fanout_frac > 1:
         problems.append("fanout-frac must be in [0, 1], and at most 1 together with multi-answer-frac")
-    if cfg.multi_answer_fanout < 2 and (cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0):
+    if not 0 <= cfg.condition_frac <= 1 or cfg.multi_answer_frac + cfg.fanout_frac + cfg.condition_frac > 1:
+        problems.append("condition-frac must be in [0, 1], and at most 1 with multi-answer-frac and fanout-frac")
+    if cfg.multi_answer_fanout < 2 and (cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0 or cfg.condition_frac > 0):
         problems.append("multi-answer-fanout must be at least 2")
     if cfg.hubs < 0 or cfg.hubs > cfg.nodes or cfg.hub_degree < 0:
         problems.append("hubs must be in 0..nodes and hub-degree >= 0")
@@ -111,7 +118,8 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     index_type = np.int32 if n < 2**31 else np.int64
 
     kinds = np.array(KINDS, dtype=object)
-    kind = pa.array(kinds[rng.integers(len(KINDS), size=n)], pa.string())
+    kind_index = rng.integers(len(KINDS), size=n)
+    kind = pa.array(kinds[kind_index], pa.string())
     names = node_names(n, rng)
     nodes = pa.table(
         {
@@ -133,7 +141,7 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     rel_parts = [np.repeat(np.arange(k, dtype=np.int32), n)]
 
     multi_rel = -1
-    if cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0:
+    if cfg.multi_answer_frac > 0 or cfg.fanout_frac > 0 or cfg.condition_frac > 0:
         multi_rel = len(rel_names)
         pi = np.empty((cfg.multi_answer_fanout, n), dtype=index_type)
         for j in range(cfg.multi_answer_fanout):
@@ -204,8 +212,13 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
         u = rng.random(q)
         fanout = (u < cfg.fanout_frac) & ~multi
         path[fanout] = multi_rel
+    conditioned = np.zeros(q, dtype=bool)
+    if cfg.condition_frac > 0:  # likewise
+        conditioned = (rng.random(q) < cfg.condition_frac) & ~multi & ~fanout
+        condition_pick = rng.integers(cfg.multi_answer_fanout, size=q)
     rows = np.arange(q)
-    path[rows[multi], length[multi] - 1] = multi_rel
+    ends_associate = multi | conditioned
+    path[rows[ends_associate], length[ends_associate] - 1] = multi_rel
     path[np.arange(big_l)[None, :] >= length[:, None]] = -1
 
     current = start.astype(np.int64)
@@ -214,14 +227,20 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
         follow = (step >= 0) & (step != multi_rel)
         current[follow] = sigma[step[follow], current[follow]]
     single_answers = current[:, None]
-    if multi.any():
+    condition = np.full(q, "", dtype=object)
+    if ends_associate.any():
         associates = pi[:, current].T.astype(np.int64)  # [q, c]
+        if conditioned.any():  # the type of one associate, so that at least one answer has it
+            wanted = kind_index[associates[rows, condition_pick]]
+            condition[conditioned] = kinds[wanted[conditioned]]
         associates = np.sort(associates, axis=1)
         distinct = np.ones_like(associates, dtype=bool)
         distinct[:, 1:] = associates[:, 1:] != associates[:, :-1]
-        counts = np.where(multi, distinct.sum(axis=1), 1)
-        flat = np.where(multi[:, None], associates, np.where(np.arange(associates.shape[1]) == 0, single_answers, -1))
-        flat = flat[np.where(multi[:, None], distinct, np.arange(associates.shape[1])[None, :] == 0)]
+        keep = np.where(multi[:, None], distinct, np.arange(associates.shape[1])[None, :] == 0)
+        if conditioned.any():
+            keep[conditioned] = distinct[conditioned] & (kind_index[associates[conditioned]] == wanted[conditioned, None])
+        counts = keep.sum(axis=1)
+        flat = np.where(ends_associate[:, None], associates, single_answers)[keep]
     else:
         counts = np.ones(q, dtype=np.int64)
         flat = current
@@ -233,7 +252,9 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
 
     # Text, last hop first: "What is the capital of the mentor of Bakilo?"
     phrase_table = pa.array(rel_texts + [""], pa.string())
-    pieces = [pc.if_else(pa.array(multi | fanout), "Which entities are ", "What is ")]
+    opening = np.where(multi | fanout, "Which entities are ", "What is ").astype(object)
+    opening[conditioned] = "Which " + condition[conditioned] + " is "
+    pieces = [pa.array(opening, pa.string())]
     for hop in range(big_l - 1, -1, -1):
         step = path[:, hop]
         phrase = phrase_table.take(pa.array(np.where(step >= 0, step, len(rel_texts))))
@@ -260,6 +281,8 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     )
     if cfg.fanout_frac > 0:
         queries = queries.append_column("fanout", pa.array(fanout))
+    if cfg.condition_frac > 0:
+        queries = queries.append_column("conditioned", pa.array(conditioned))
     return nodes, relations, edges, queries
 
 

@@ -51,6 +51,18 @@ def test_fanout_questions_answer_every_node_their_path_reaches(tmp_path):
     assert "fanout" not in open_dataset(_synth(tmp_path / "plain", SMALL)).queries.column_names
 
 
+def test_text_conditioned_questions_answer_the_associates_of_the_named_type(tmp_path):
+    cfg = dataclasses.replace(SMALL, multi_answer_frac=0.1, condition_frac=0.4)
+    conditioned = open_dataset(_synth(tmp_path / "cond", cfg))
+    counts = assert_answers_are_the_paths_walked(conditioned)
+    assert counts["conditioned"] > 100 and counts["multi_answer"] > 10
+    rows = [q for q in conditioned.queries.to_pylist() if q["conditioned"]]
+    # The type leaves out some associates: fewer answers than the path reaches, on average.
+    assert np.mean([len(q["answers"]) for q in rows]) < 0.7 * SMALL.multi_answer_fanout
+    assert all(q["text"].split()[2:5] == ["is", "the", "associate"] for q in rows)
+    assert "conditioned" not in open_dataset(_synth(tmp_path / "plain", SMALL)).queries.column_names
+
+
 def _synth(out, cfg):
     synthesize(cfg, out)
     return out
@@ -58,10 +70,12 @@ def _synth(out, cfg):
 
 def assert_answers_are_the_paths_walked(kg) -> dict[str, int]:
     """Walks every query's relation path on the stored edges; its answers must be exactly the nodes
-    reached. Returns how many queries were multi-answer and fan-out ones."""
+    reached (of the named type for a text-conditioned one). Returns how many queries were multi-answer,
+    fan-out and text-conditioned ones."""
     queries = kg.queries.to_pylist()
     multi_rel = kg.relations.column("name").to_pylist().index("associate_of")
-    n_multi = n_fanout = 0
+    node_type = kg.nodes.column("type").to_pylist()
+    n_multi = n_fanout = n_conditioned = 0
     for q in queries:
         frontier = {q["start"]}
         for r in q["path"]:
@@ -71,11 +85,16 @@ def assert_answers_are_the_paths_walked(kg) -> dict[str, int]:
             if r != multi_rel:
                 assert len(nxt) == len(frontier) == 1, "a permutation relation maps one node to exactly one"
             frontier = nxt
+        if q.get("conditioned", False):  # "Which film is ...": the reached nodes of that type
+            wanted = q["text"].split()[1]
+            frontier = {v for v in frontier if node_type[v] == wanted}
+            assert frontier, "the type is drawn from the reached nodes, so one at least has it"
         assert sorted(frontier) == sorted(q["answers"]), q
         assert q["hop"] == len(q["path"])
         n_multi += q["multi_answer"]
         n_fanout += q.get("fanout", False)
-    return {"multi_answer": n_multi, "fanout": n_fanout}
+        n_conditioned += q.get("conditioned", False)
+    return {"multi_answer": n_multi, "fanout": n_fanout, "conditioned": n_conditioned}
 
 
 def test_permutation_relations_are_bijections(kg):
