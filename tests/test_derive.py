@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from seeder.config import SeederConfig, SynthConfig
+from seeder.config import PriorConfig, SeederConfig, SynthConfig
 from seeder.derive import FRONTIER_FACTOR, STEP_MIN, derive_defaults, derive_unset, needs_derivation, step_budget
 from seeder.store import open_dataset, write_dataset
 from seeder.synth import generate
@@ -50,11 +50,26 @@ def test_derivation_reads_the_questions_needs_and_only_training_answers(tmp_path
     # One policy step per hop; a path of permutations reaches one node a hop: the smallest steps.
     assert resolved.train.expansion_sizes == [STEP_MIN] * 3
     assert resolved.train.frontier_caps == [FRONTIER_FACTOR * STEP_MIN] * 3
-    assert len(lines) == 5 and all(line.startswith("auto: ") for line in lines)
+    assert resolved.prior.wording_dim == PriorConfig().wording_dim  # real questions: their wording is read
+    assert len(lines) == 6 and all(line.startswith("auto: ") for line in lines)
     # Val and test answers are never read.
     other = _graph(tmp_path, "mangled", mangle_held_out=True)
     again, _ = derive_defaults(other, nf, qf, ids, config)
     assert again == resolved
+
+
+def test_generated_training_questions_turn_the_priors_wording_off_unless_the_command_line_sets_it(tmp_path):
+    nodes, relations, edges, queries = generate(SynthConfig(nodes=400, relations=4, max_path_length=3, queries=900,
+                                                            hubs=0, multi_answer_frac=0.0, seed=1))
+    marked = queries.append_column("generated", pa.array(np.asarray(queries.column("split").to_pylist()) == "train"))
+    kg = open_dataset(write_dataset(tmp_path / "generated", nodes, relations, edges, marked))
+    nf, qf = _features(kg)
+    ids = np.sort(kg.queries.column("id").to_numpy())
+    resolved, lines = derive_defaults(kg, nf, qf, ids, derive_unset(SeederConfig(), {}))
+    assert resolved.prior.wording_dim == 0
+    assert any(line.startswith("auto: prior.wording_dim=0 (1.00 of the training questions are generated") for line in lines)
+    kept = derive_unset(SeederConfig(), {"prior": {"wording_dim": 64}})
+    assert derive_defaults(kg, nf, qf, ids, dataclasses.replace(kept, prior=dataclasses.replace(kept.prior, wording_dim=64)))[0].prior.wording_dim == 64
 
 
 def test_the_step_budget_follows_the_nodes_each_hop_reaches_within_bounds():
@@ -81,7 +96,8 @@ def test_the_command_line_overrides_a_derivation(tmp_path):
     nf, qf = _features(kg)
     ids = np.sort(kg.queries.column("id").to_numpy())
     base = dataclasses.replace(SeederConfig(), expand=dataclasses.replace(SeederConfig().expand, keep_per_hop=[50, 150]))
-    config = derive_unset(base, {"expand": {"keep_per_hop": [50, 150], "relation_score": "cosine"}, "seed": {"strategy": "dense"}})
+    config = derive_unset(base, {"expand": {"keep_per_hop": [50, 150], "relation_score": "cosine"}, "seed": {"strategy": "dense"},
+                                 "prior": {"wording_dim": 1024}})
     assert config.expand.hops == 2 and config.expand.relation_score == "cosine" and config.seed.strategy == "dense"
     assert not needs_derivation(config)
     resolved, lines = derive_defaults(kg, nf, qf, ids, config)
