@@ -48,9 +48,13 @@ TEMPLATES = (
     "{anchor} {chain} which {type}?",
     "which {type} is reached from {anchor} by {steps}?",
     "starting at {anchor}, follow {steps}: what {type} do you get?",
+    "which {type} {back}?",
+    "{back}: which {type}?",
 )
-"""Phrasings of a question: ``chain`` reads the relations in order ("directed by, which wrote"), ``steps``
-lists them ("directed by, then wrote"); ``type`` is the answer's node type."""
+"""Phrasings of a question: ``chain`` reads the relations in order from the anchor ("directed by, which
+wrote"), ``steps`` lists them ("directed by, then wrote"); ``back`` reads them from the answer's side,
+each relation's inverse text, last hop first ("directed something that wrote X": people ask for the
+answer by what it did); ``type`` is the answer's node type."""
 
 HASH_MULTIPLIER = np.uint64(2654435761)
 OVERSAMPLE = 3
@@ -140,22 +144,27 @@ def phrase(kg, anchors: np.ndarray, paths: np.ndarray, lengths: np.ndarray, answ
     """Question texts from the anchor's name, the relation texts along the path and the answer's type."""
     texts = np.array(kg.relation_texts, dtype=object)
     names = np.asarray(kg.node_names.to_numpy(zero_copy_only=False), dtype=object)[anchors]
-    chains, steps = [], []
+    num_ids = len(texts)
+    chains, steps, backs = [], [], []
     for hop in range(paths.shape[1]):
         rel = np.where(paths[:, hop] >= 0, paths[:, hop], 0)
         has = lengths > hop
         words = np.where(has, texts[rel], "")
         chains.append(np.where(has, np.where(hop == 0, words, ", which " + words), ""))
         steps.append(np.where(has, np.where(hop == 0, words, ", then " + words), ""))
+        # From the answer's side: the inverse of each hop (r <-> r + R), the first hop next to the anchor.
+        inverse = np.where(has, texts[(rel + num_ids // 2) % num_ids], "")
+        backs.insert(0, np.where(has, np.where(hop == 0, inverse + " ", inverse + " something that "), ""))
     chain = pc.binary_join_element_wise(*[pa.array(c.tolist(), pa.string()) for c in chains], "")
     step = pc.binary_join_element_wise(*[pa.array(s.tolist(), pa.string()) for s in steps], "")
+    back = pc.binary_join_element_wise(*[pa.array(b.tolist(), pa.string()) for b in backs], pa.array(names.tolist(), pa.string()), "")
     out = np.empty(len(anchors), dtype=object)
     for t, template in enumerate(TEMPLATES):  # a handful of templates, each formatted over its rows at once
         rows = np.flatnonzero(template_ids == t)
         if len(rows) == 0:
             continue
         parts = {"anchor": pa.array(names[rows].tolist(), pa.string()), "chain": chain.take(pa.array(rows)),
-                 "steps": step.take(pa.array(rows)), "type": pa.array(answer_types[rows].tolist(), pa.string())}
+                 "steps": step.take(pa.array(rows)), "back": back.take(pa.array(rows)), "type": pa.array(answer_types[rows].tolist(), pa.string())}
         pieces, rest = [], template
         while "{" in rest:
             before, _, after = rest.partition("{")

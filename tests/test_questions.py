@@ -110,6 +110,12 @@ def test_same_seed_same_questions_and_a_paraphraser_rewrites_them(source, monkey
 def test_texts_come_from_the_graphs_relation_texts(source):
     made = generate(source, QuestionsConfig(count=200, seed=4))
     relation_texts = source.relation_texts
+    half = len(relation_texts) // 2
+    backward = 0
     for text, path, n in zip(made["texts"], made["paths"], made["lengths"]):
-        for r in path[:n]:
-            assert relation_texts[r] in text
+        # Read from the anchor (each relation's text) or from the answer (each one's inverse text).
+        forward = all(relation_texts[r] in text for r in path[:n])
+        inverse = all(relation_texts[(r + half) % len(relation_texts)] in text for r in path[:n])
+        assert forward or inverse, text
+        backward += not forward
+    assert backward > 0
