@@ -46,7 +46,8 @@ class ModelInfo:
 
     config: SeederConfig
     feature_dim: int
-    # {"path": ..., "fingerprint": ..., "dataset_fingerprint": ..., "fingerprints": {stage: ...}}
+    # {"path": ..., "fingerprint": ..., "dataset_fingerprint": ..., "fingerprints": {stage: ...},
+    #  "feature_space": ... (only for features every graph shares, seeder.preprocess.feature_space)}
     artifacts: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -70,7 +71,18 @@ def artifacts_record(artifacts) -> dict[str, Any]:
         record["fingerprint"] = artifacts.fingerprint
     if artifacts.manifest.get("dataset_fingerprint"):
         record["dataset_fingerprint"] = artifacts.manifest["dataset_fingerprint"]
+    space = artifact_feature_space(artifacts)
+    if space:
+        record["feature_space"] = space
     return record
+
+
+def artifact_feature_space(artifacts) -> str | None:
+    """``seeder.preprocess.feature_space`` of the artifacts' config (None without one)."""
+    from seeder.preprocess import feature_space
+
+    config = getattr(artifacts, "config", None) if artifacts.manifest.get("config") else None
+    return feature_space(config) if config is not None else None
 
 
 def _write_atomic(path: Path, write) -> None:

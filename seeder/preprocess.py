@@ -87,14 +87,29 @@ def seed_search_key(seed, num_nodes: int | None = None) -> dict[str, Any]:
     return {"search": search, "ann": ann}
 
 
-def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes: int | None = None) -> dict[str, str]:
-    """The fingerprint of every stage, each chained to its upstream stages' fingerprints. ``num_nodes``
-    (the dataset's) lets ``seed.search: auto`` resolve to exact search on small graphs, which keeps
-    their seeds fingerprint that of exact search (``seed_search_key``)."""
+def _embed_key(config: SeederConfig) -> dict[str, Any]:
+    """The encoder settings that decide the embeddings' values."""
     embed = to_dict(config.embed)
     embed_key = {k: embed[k] for k in ("encoder", "hash_dim", "max_seq_length", "half_precision")}
     if config.embed.cpu_precision != "float32" and config.embed.encoder != "hash":
         embed_key["cpu_precision"] = config.embed.cpu_precision  # absent at the default: older artifacts stay valid
+    return embed_key
+
+
+def feature_space(config: SeederConfig) -> str | None:
+    """An id of the space the features live in when it is the same on every graph: the encoder's own
+    (``reduce.dim: 0``). A PCA is fitted to one graph, so its features have no shared space (None).
+    A model trained on one graph runs zero-shot on another with the same feature space."""
+    if config.reduce.dim:
+        return None
+    return fingerprint_json({"space": "encoder", "embed": _embed_key(config)})
+
+
+def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes: int | None = None) -> dict[str, str]:
+    """The fingerprint of every stage, each chained to its upstream stages' fingerprints. ``num_nodes``
+    (the dataset's) lets ``seed.search: auto`` resolve to exact search on small graphs, which keeps
+    their seeds fingerprint that of exact search (``seed_search_key``)."""
+    embed_key = _embed_key(config)
     seed = {k: v for k, v in to_dict(config.seed).items()
             if k not in ("block_nodes", "block_queries", "screen", *SEED_SEARCH_FIELDS)}
     seed.update(seed_search_key(config.seed, num_nodes))

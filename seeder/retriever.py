@@ -17,6 +17,7 @@ batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -160,6 +161,7 @@ class Retriever:
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
         self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
+        self.zero_shot = False  # a model trained on another graph (``check_compatible``)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -184,9 +186,11 @@ class Retriever:
         if not where:
             raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
         opened = open_artifacts(where, accept_mismatch=accept_mismatch)
-        check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
-        return cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
-                   compiled=compiled)
+        zero_shot = check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
+        retriever = cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
+                        compiled=compiled)
+        retriever.zero_shot = zero_shot
+        return retriever
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
 
@@ -419,17 +423,27 @@ def retrieved_triples(subgraphs: SubgraphSet, question: np.ndarray, rank: np.nda
     return ptr, subgraphs.nodes[src[order]], subgraphs.edge_rel[order], subgraphs.nodes[dst[order]]
 
 
-def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False) -> None:
+def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False) -> bool:
     """A model only runs on artifacts with its features: same width, and when the model recorded them,
     the same dataset and feature-stage fingerprints (same graph, encoder and PCA). A fingerprint that
-    differs is an error naming both, or a warning with ``accept_mismatch``."""
+    differs is an error naming both, or a warning with ``accept_mismatch``. The exception is a model
+    carried to another graph in the same feature space (the encoder's own, ``reduce.dim: 0`` on both):
+    it runs zero-shot, says so on stderr, and this returns True. Relations are read through their texts'
+    embeddings, so the other graph's relation ids do not matter."""
     from seeder.artifacts import FingerprintMismatch, warn_mismatch
+    from seeder.checkpoint import artifact_feature_space
 
     dim = int(artifacts.node_features.shape[1])
     if info.feature_dim != dim:
         raise DataError(f"model {model} was trained on {info.feature_dim}-dim features but {artifacts.path} has {dim}; "
                         "use artifacts built with the same embed/reduce settings")
     record = info.artifacts or {}
+    space = record.get("feature_space")
+    trained_on = record.get("dataset_fingerprint")
+    if space and space == artifact_feature_space(artifacts) and trained_on != artifacts.manifest.get("dataset_fingerprint"):
+        print(f"zero-shot: model {model} was trained on another graph ({record.get('path', '?')}); it ranks "
+              f"{artifacts.path} through the encoder's shared feature space and the relations' texts", file=sys.stderr)
+        return True
     stages = artifacts.manifest.get("fingerprints") or {}
     differ = []
     trained, current = record.get("dataset_fingerprint"), artifacts.manifest.get("dataset_fingerprint")
@@ -439,14 +453,16 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     if trained and current and trained != current:
         differ.append(f"features fingerprint {trained} != {current}")
     if not differ:
-        return
+        return False
     message = (f"model {model} was trained on artifacts {record.get('path')} (fingerprint {record.get('fingerprint', '?')}), "
                f"but {artifacts.path} has fingerprint {artifacts.fingerprint or '?'}: {', '.join(differ)} (another graph, "
-               f"encoder or PCA); use the artifacts it was trained on, retrain, or pass --accept-mismatch "
+               f"encoder or PCA); use the artifacts it was trained on, retrain, build both with reduce.dim=0 and the "
+               f"same encoder to carry the model to another graph (zero-shot), or pass --accept-mismatch "
                f"(accept_mismatch=True) to run it anyway")
     if not accept_mismatch:
         raise FingerprintMismatch(message)
     warn_mismatch(message)
+    return False
 
 
 # -- the `seeder retrieve` command ----------------------------------------------------------------------

@@ -279,9 +279,12 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
     assert [n["id"] for n in json.loads(done.stdout)["nodes"]] == [n.id for n in expected[0].nodes]
 
 
-def _artifacts_for(root: Path, strategy: str):
+def _artifacts_for(root: Path, strategy: str, relations: int = 3, reduce_dim: int = 256, seed: int = 3,
+                   trained_on=None):
     """A 60-node graph whose questions name an entity, preprocessed by hand with the hash encoder (the
-    library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it."""
+    library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it (that
+    records ``trained_on``'s artifacts, or these). ``reduce_dim`` only goes into the config: the features
+    are the encoder's either way."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -294,8 +297,12 @@ def _artifacts_for(root: Path, strategy: str):
     from seeder.store import open_dataset, write_dataset
     from seeder.train import build_state, export_best
 
-    rng = np.random.default_rng(3)
-    n, r, q, dim = 60, 3, 12, 32
+    from seeder.artifacts import open_artifacts
+    from seeder.checkpoint import artifacts_record
+
+    rng = np.random.default_rng(seed)
+    n, r, q, dim = 60, relations, 12, 32
+    relation_names = [f"relation {chr(97 + i)}" for i in range(r)]
     names = [f"entity {w}" for w in ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
                                      "pi rho sigma tau upsilon phi chi psi omega").split()] + [f"place {i}" for i in range(n - 24)]
     answers = [[int(a)] for a in rng.integers(0, n, q)]
@@ -303,17 +310,17 @@ def _artifacts_for(root: Path, strategy: str):
                         "answers": answers, "split": ["train"] * 4 + ["val"] * 8, "topic_id": np.arange(q)})
     dataset = write_dataset(
         root / "dataset", pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
-        pa.table({"id": np.arange(r, dtype=np.int32), "name": ["a", "b", "c"], "text": ["a", "b", "c"],
-                  "inverse_text": ["a-", "b-", "c-"]}),
+        pa.table({"id": np.arange(r, dtype=np.int32), "name": relation_names, "text": relation_names,
+                  "inverse_text": [f"{t} of" for t in relation_names]}),
         pa.table({"src": rng.integers(0, n, 240), "dst": rng.integers(0, n, 240), "relation": rng.integers(0, r, 240).astype(np.int32)}),
         queries)
     kg = open_dataset(dataset)
     config = load_config(None, ["embed.encoder=hash", f"embed.hash_dim={dim}", f"seed.strategy={strategy}", "seed.k0=2",
                                 "expand.budget=20", "expand.keep_per_hop=[8,10]", "model.hidden_dim=16", "model.num_layers=1",
-                                "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]"])
+                                "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]", f"reduce.dim={reduce_dim}"])
     encoder = HashEncoder(dim=dim)
     nf, qf = encoder.encode(names), encoder.encode(queries.column("text").to_pylist())
-    rf = encoder.encode([f"{t}" for t in ["a", "b", "c", "a-", "b-", "c-"]])
+    rf = encoder.encode(relation_names + [f"{t} of" for t in relation_names])
     out = root / "artifacts"
     (out / "features").mkdir(parents=True)
     (out / "seeds").mkdir()
@@ -328,9 +335,36 @@ def _artifacts_for(root: Path, strategy: str):
     (out / "subgraphs").mkdir()
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
-    write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "config": to_dict(config)})
-    model = export_best(build_state(config, dim, 1), root / "model")
+    write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "dataset_fingerprint": kg.fingerprint,
+                         "config": to_dict(config)})
+    record = artifacts_record(open_artifacts(trained_on or out))
+    model = export_best(build_state(config, dim, 1, record), root / "model")
     return out, model, queries.column("text").to_pylist()
+
+
+def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says_it_is_zero_shot(tmp_path, capsys):
+    """Features every graph shares (``reduce.dim: 0``): a model of one graph ranks another with other
+    relations (ids, count and texts) and says it runs zero-shot; with per-graph PCA features it is an
+    error that names the way out."""
+    from seeder import Retriever
+    from seeder.artifacts import FingerprintMismatch
+
+    home, _, _ = _artifacts_for(tmp_path / "home", "dense", relations=3, reduce_dim=0)
+    other, model, texts = _artifacts_for(tmp_path / "other", "dense", relations=5, reduce_dim=0, seed=4, trained_on=home)
+    retriever = Retriever.load(model, artifacts=other)
+    assert retriever.zero_shot
+    assert "zero-shot: model" in capsys.readouterr().err
+    result, subgraphs = retriever.rank_split("val")
+    assert len(result.query_ids) == 8 and (result.set_size > 0).all()
+    for row, size, i in zip(result.ranking, result.set_size, range(len(result.query_ids))):
+        own = subgraphs.nodes[subgraphs.node_ptr[i]:subgraphs.node_ptr[i + 1]]
+        assert set(row[:size].tolist()) <= set(own.tolist())  # the other graph's own candidates
+    assert len(retriever.retrieve(texts[:2], k=3)[0].nodes) == 3
+    assert not Retriever.load(model, artifacts=home).zero_shot  # its own graph
+    pca_home, _, _ = _artifacts_for(tmp_path / "pca-home", "dense", relations=3)
+    pca_other, pca_model, _ = _artifacts_for(tmp_path / "pca-other", "dense", relations=5, seed=4, trained_on=pca_home)
+    with pytest.raises(FingerprintMismatch, match="reduce.dim=0"):
+        Retriever.load(pca_model, artifacts=pca_other)
 
 
 @pytest.mark.parametrize("strategy", ["dense", "entity", "dense+entity", "bm25", "hybrid", "given"])
