@@ -141,7 +141,7 @@ class Retriever:
     """A loaded model, its artifacts and everything a question needs, built once."""
 
     def __init__(self, model, info, artifacts, device: str = "cpu", config: SeederConfig | None = None,
-                 encoder_precision: str = "artifacts", compiled: bool = False):
+                 encoder_precision: str = "artifacts", compiled: bool = False, zero_shot: bool = False):
         from seeder.inference import Schedule
 
         if encoder_precision not in ENCODER_PRECISIONS:
@@ -157,11 +157,17 @@ class Retriever:
 
             compile_policy(self.model, release_gil=not self.on_gpu)  # on the CPU a call's parts run side by side
         self.compiled = compiled
-        self.schedule = Schedule.evaluation(self.config, info.config)
+        self.zero_shot = zero_shot  # a model trained on another graph (``check_compatible``)
+        model_config = info.config
+        if zero_shot and artifacts.step_budget and not self.config.eval.expansion_sizes:
+            # Carried to another graph, the policy takes the steps that graph's questions need (seeder.derive).
+            from dataclasses import replace
+
+            model_config = replace(info.config, train=replace(info.config.train, **artifacts.step_budget))
+        self.schedule = Schedule.evaluation(self.config, model_config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
         self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
-        self.zero_shot = False  # a model trained on another graph (``check_compatible``)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -187,10 +193,8 @@ class Retriever:
             raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
         opened = open_artifacts(where, accept_mismatch=accept_mismatch)
         zero_shot = check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
-        retriever = cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
-                        compiled=compiled)
-        retriever.zero_shot = zero_shot
-        return retriever
+        return cls(policy, info, opened, device=device, config=config, encoder_precision=encoder_precision,
+                   compiled=compiled, zero_shot=zero_shot)
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
 

@@ -280,11 +280,11 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
 
 
 def _artifacts_for(root: Path, strategy: str, relations: int = 3, reduce_dim: int = 256, seed: int = 3,
-                   trained_on=None):
+                   trained_on=None, step_budget=None):
     """A 60-node graph whose questions name an entity, preprocessed by hand with the hash encoder (the
     library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it (that
     records ``trained_on``'s artifacts, or these). ``reduce_dim`` only goes into the config: the features
-    are the encoder's either way."""
+    are the encoder's either way. ``step_budget`` is recorded as if preprocessing had derived it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -336,7 +336,7 @@ def _artifacts_for(root: Path, strategy: str, relations: int = 3, reduce_dim: in
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
     write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "dataset_fingerprint": kg.fingerprint,
-                         "config": to_dict(config)})
+                         "config": to_dict(config), **({"step_budget": step_budget} if step_budget else {})})
     record = artifacts_record(open_artifacts(trained_on or out))
     model = export_best(build_state(config, dim, 1, record), root / "model")
     return out, model, queries.column("text").to_pylist()
@@ -350,9 +350,11 @@ def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says
     from seeder.artifacts import FingerprintMismatch
 
     home, _, _ = _artifacts_for(tmp_path / "home", "dense", relations=3, reduce_dim=0)
-    other, model, texts = _artifacts_for(tmp_path / "other", "dense", relations=5, reduce_dim=0, seed=4, trained_on=home)
+    other, model, texts = _artifacts_for(tmp_path / "other", "dense", relations=5, reduce_dim=0, seed=4, trained_on=home,
+                                         step_budget={"expansion_sizes": [2, 4], "frontier_caps": [8, 8]})
     retriever = Retriever.load(model, artifacts=other)
     assert retriever.zero_shot
+    assert retriever.schedule.expansion_sizes == (2, 4)  # the steps derived for the graph it ranks
     assert "zero-shot: model" in capsys.readouterr().err
     result, subgraphs = retriever.rank_split("val")
     assert len(result.query_ids) == 8 and (result.set_size > 0).all()
@@ -360,7 +362,8 @@ def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says
         own = subgraphs.nodes[subgraphs.node_ptr[i]:subgraphs.node_ptr[i + 1]]
         assert set(row[:size].tolist()) <= set(own.tolist())  # the other graph's own candidates
     assert len(retriever.retrieve(texts[:2], k=3)[0].nodes) == 3
-    assert not Retriever.load(model, artifacts=home).zero_shot  # its own graph
+    at_home = Retriever.load(model, artifacts=home)
+    assert not at_home.zero_shot and at_home.schedule.expansion_sizes == (3, 3)  # its own graph, its training steps
     pca_home, _, _ = _artifacts_for(tmp_path / "pca-home", "dense", relations=3)
     pca_other, pca_model, _ = _artifacts_for(tmp_path / "pca-other", "dense", relations=5, seed=4, trained_on=pca_home)
     with pytest.raises(FingerprintMismatch, match="reduce.dim=0"):
