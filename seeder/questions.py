@@ -232,14 +232,13 @@ def check(cfg: QuestionsConfig) -> None:
         raise ConfigError("questions: " + "; ".join(problems))
 
 
-def _real_questions(kg, real_train: int) -> pa.Table:
-    """The source's val and test questions, and a hashed sample of ``real_train`` training ones."""
+def _real_questions(kg, real_train: int, seed: int) -> pa.Table:
+    """The source's val and test questions, and a seeded sample of ``real_train`` training ones (not
+    chosen by the id hash that seeder.derive samples with, or every one of them would be in its sample)."""
     queries = kg.queries
     split = queries.column("split").to_numpy(zero_copy_only=False)
-    ids = queries.column("id").to_numpy()
     train_rows = np.flatnonzero(split == "train")
-    h = (ids[train_rows].astype(np.uint64) * HASH_MULTIPLIER) % np.uint64(2**32)
-    kept_train = train_rows[np.argsort(h, kind="stable")[:real_train]]
+    kept_train = np.random.default_rng([seed, 1]).permutation(train_rows)[:real_train]
     rows = np.sort(np.concatenate([np.flatnonzero(split != "train"), kept_train]))
     return queries.take(pa.array(rows))
 
@@ -250,7 +249,7 @@ def build_dataset(source: str | Path, out: str | Path, cfg: QuestionsConfig, ove
     start = time.perf_counter()
     kg = open_dataset(source)
     made = generate(kg, cfg, paraphrase)
-    real = _real_questions(kg, cfg.real_train)
+    real = _real_questions(kg, cfg.real_train, cfg.seed)
     has_val = "val" in set(real.column("split").to_pylist())
     use = ~made["held_out"] | (not has_val)  # held-out paths serve as val only where the source has none
     split = np.where(made["held_out"], "val", "train")[use]

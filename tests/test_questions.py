@@ -71,7 +71,12 @@ def test_held_out_paths_never_train_and_the_source_keeps_its_val_and_test(source
     # A few real training questions for few-label runs: a fixed sample.
     build_dataset(source.path, tmp_path / "few", QuestionsConfig(count=800, real_train=10, seed=2), echo=lambda _: None)
     few = open_dataset(tmp_path / "few").queries.to_pylist()
-    assert sum(1 for q in few if not q["generated"] and q["split"] == "train") == 10
+    real_train = {q["id"] for q in few if not q["generated"] and q["split"] == "train"}
+    assert len(real_train) == 10
+    # Not the ids seeder.derive's sample favours (the smallest hashes): that sample would hold every one.
+    train_ids = np.array(sorted(i for i, q in real.items() if q["split"] == "train"), dtype=np.uint64)
+    smallest = set(train_ids[np.argsort((train_ids * np.uint64(2654435761)) % np.uint64(2**32), kind="stable")[:10]].tolist())
+    assert real_train != smallest
 
 
 def test_without_val_questions_the_held_out_paths_become_val(source, tmp_path):
