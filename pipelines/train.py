@@ -82,32 +82,67 @@ def run_exists(storage: str, name: str) -> bool:
     return fs.get_file_info(inner).type == pafs.FileType.File
 
 
+def open_all(artifacts: str) -> list:
+    """The artifacts of a run: one location, or several joined by commas (one model for several graphs)."""
+    from seeder.artifacts import open_artifacts
+
+    return [open_artifacts(fetch(location)) for location in artifacts.split(",")]
+
+
+def query_data(opened: list, split: str):
+    """One ``QueryData`` over every graph's ``split`` (``QueryData.concat``)."""
+    from seeder.inference import QueryData
+
+    return QueryData.concat([QueryData.from_artifacts(a, split) for a in opened])
+
+
+def step_budget_of(opened: list) -> dict | None:
+    """The derived step budget of one graph; for several, the most steps any needs, each step as large
+    as the largest (None when one of them has none: a config file chose its steps)."""
+    budgets = [a.step_budget for a in opened]
+    if any(b is None for b in budgets):
+        return None
+    steps = max(len(b["expansion_sizes"]) for b in budgets)
+    return {key: [max(b[key][t] for b in budgets if t < len(b[key])) for t in range(steps)]
+            for key in ("expansion_sizes", "frontier_caps")}
+
+
 def prepare_job(
-    artifacts: str, config_path: str | None, overrides: list[str], out: str, num_workers: int,
+    artifacts: str | list[str], config_path: str | None, overrides: list[str], out: str, num_workers: int,
     storage: str | None = None, name: str | None = None, resume: bool = False,
 ) -> TrainingJob:
-    """Validate everything a run needs (artifacts, config, splits, sizes, earlier run) without Ray."""
-    from seeder.artifacts import open_artifacts
-    from seeder.inference import QueryData
+    """Validate everything a run needs (artifacts, config, splits, sizes, earlier run) without Ray.
+    Several artifacts train one model on all their graphs: they need one feature space (each built with
+    ``reduce.dim=0`` and the same encoder); the first one's preprocessing config is the model's."""
+    from seeder.checkpoint import artifact_feature_space
     from seeder.train import check_config, trainable_queries
 
     if num_workers < 1:
         raise ConfigError(f"--num-workers {num_workers}: need at least 1")
-    if not is_uri(artifacts):
-        artifacts = str(Path(artifacts).resolve())  # Ray Train workers run in their own directories
-    local = fetch(artifacts)
-    if not Path(local).is_dir():
-        raise DataError(f"--artifacts {artifacts}: no such directory; run pipelines/preprocess.py --out {artifacts} first")
-    opened = open_artifacts(local)
-    config = training_config(opened.config, config_path, overrides, opened.step_budget)
+    locations = [artifacts] if isinstance(artifacts, str) else list(artifacts)
+    # Ray Train workers run in their own directories: local paths go to them absolute.
+    locations = [a if is_uri(a) else str(Path(a).resolve()) for a in locations]
+    for location in locations:
+        if "," in location:
+            raise DataError(f"--artifacts {location}: a location with a comma; give each with its own --artifacts")
+        if not Path(fetch(location)).is_dir():
+            raise DataError(f"--artifacts {location}: no such directory; run pipelines/preprocess.py --out {location} first")
+    artifacts = ",".join(locations)
+    every = open_all(artifacts)
+    spaces = {artifact_feature_space(a) for a in every}
+    if len(every) > 1 and (None in spaces or len(spaces) > 1):
+        raise DataError(f"--artifacts {' '.join(locations)}: one model for several graphs needs one feature space; "
+                        "build each with reduce.dim=0 and the same encoder")
+    opened = every[0]
+    config = training_config(opened.config, config_path, overrides, step_budget_of(every))
     check_config(config)
     if config.train.init_from and not is_uri(config.train.init_from) and not config.train.init_from.startswith(("runs:/", "models:/")):
         start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory
         if not start.is_dir():
             raise DataError(f"train.init_from={config.train.init_from}: no such model directory; pass RUN/model")
         config.train.init_from = str(start)
-    train = QueryData.from_artifacts(opened, "train")
-    val = QueryData.from_artifacts(opened, "val")
+    train = query_data(every, "train")
+    val = query_data(every, "val")
     trainable = len(trainable_queries(train, config))
     usable = min(trainable, config.train.queries_per_epoch or trainable)
     if usable < num_workers:
@@ -218,8 +253,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     from seeder import checkpoint as ckpt
     from seeder import train as lib
-    from seeder.artifacts import open_artifacts
-    from seeder.inference import QueryData
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -230,9 +263,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     # Which node each rank runs on, in the job's log: on a cluster, the way to see the work spread.
     print(f"train: rank {rank} of {world} on node {ray.get_runtime_context().get_node_id()}", flush=True)
 
-    artifacts = open_artifacts(fetch(loop_config["artifacts"]))
-    train_data = QueryData.from_artifacts(artifacts, "train")
-    val_data = QueryData.from_artifacts(artifacts, "val") if rank == 0 else None
+    every = open_all(loop_config["artifacts"])
+    train_data = query_data(every, "train")
+    val_data = query_data(every, "val") if rank == 0 else None
 
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -241,8 +274,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if rank == 0:
             print(f"resumed from checkpoint after epoch {state.epoch} ({checkpoint.path})", flush=True)
     else:
-        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world),
-                                ckpt.artifacts_record(artifacts) | {"path": loop_config["artifacts"]})
+        record = ckpt.artifacts_record(every[0]) | {"path": loop_config["artifacts"].split(",")[0]}
+        if len(every) > 1:  # the graphs it knows: on any of them it does not run zero-shot
+            record["dataset_fingerprints"] = [a.manifest.get("dataset_fingerprint") for a in every]
+            record["paths"] = loop_config["artifacts"].split(",")
+        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world), record)
     # Device placement only: see GradientAverage for why not DDP's wrapper.
     state.model = ray.train.torch.prepare_model(state.model, parallel_strategy=None)
     for slot in state.optimizer.state.values():  # a restored optimiser's moments follow the model
@@ -390,7 +426,9 @@ def local_shortfall(resources: dict, num_workers: int, use_gpu: bool, cpus_per_w
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=HelpFormatter)
-    parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory or URI")
+    parser.add_argument("--artifacts", required=True, action="append",
+                        help="preprocessing artifacts directory or URI; repeat it to train one model on several "
+                             "graphs (each built with reduce.dim=0 and the same encoder)")
     parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing ones come from the artifacts")
     parser.add_argument("--num-workers", type=int, default=2, help="training workers (data-parallel ranks)")
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL")
@@ -459,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = finish_run(result, job, run)
     print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}, "
           f"mrr {summary['best_val_mrr']:.4f}) -> "
-          f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts}")
+          f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts.split(',')[0]}")
     if run is not None:
         print(f"MLflow run {run.run_id}: model runs:/{run.run_id}/model; open the UI with: {tracking.ui_hint()}")
     return 0

@@ -8,7 +8,7 @@ so a model trained with one budget retrieves with another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -66,6 +66,34 @@ class QueryData:
             relation_features=np.array(artifacts.relation_features, dtype=np.float32),
             query_features=np.asarray(artifacts.query_features[rows], dtype=np.float32),
             subgraphs=subgraphs,
+        )
+
+    @classmethod
+    def concat(cls, parts: list["QueryData"]) -> "QueryData":
+        """Several graphs' queries as one, for training one model on them all: node and query ids are
+        offset per graph, and the relation rows are every graph's base relations, then every graph's
+        inverses, in the same order (a row's half is its direction, ``SeedERPolicy.encode_relations``)."""
+        if len(parts) == 1:
+            return parts[0]
+        dims = sorted({p.feature_dim for p in parts})
+        if len(dims) > 1:
+            raise DataError(f"the graphs' features have {' and '.join(map(str, dims))} dims; train on artifacts "
+                            "built with the same encoder and reduce.dim=0")
+        node_offset = np.cumsum([0] + [len(p.node_features) for p in parts])
+        relation_offset = np.cumsum([0] + [p.num_relations for p in parts])
+        query_offset = np.cumsum([0] + [int(p.subgraphs.query_ids.max(initial=-1)) + 1 for p in parts])
+        subgraphs = [
+            replace(p.subgraphs, query_ids=p.subgraphs.query_ids + query_offset[g], nodes=p.subgraphs.nodes + node_offset[g],
+                    answers=p.subgraphs.answers + node_offset[g],
+                    edge_rel=(p.subgraphs.edge_rel + relation_offset[g]).astype(p.subgraphs.edge_rel.dtype))
+            for g, p in enumerate(parts)
+        ]
+        relations = [np.asarray(p.relation_features, dtype=np.float32) for p in parts]
+        return cls(
+            node_features=np.concatenate([np.asarray(p.node_features, dtype=np.float32) for p in parts]),
+            relation_features=np.concatenate([r[: len(r) // 2] for r in relations] + [r[len(r) // 2 :] for r in relations]),
+            query_features=np.concatenate([p.query_features for p in parts]),
+            subgraphs=SubgraphSet.concat(subgraphs),
         )
 
     def on(self, device: torch.device | str) -> "QueryData":

@@ -443,11 +443,16 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
                         "use artifacts built with the same embed/reduce settings")
     record = info.artifacts or {}
     space = record.get("feature_space")
-    trained_on = record.get("dataset_fingerprint")
-    if space and space == artifact_feature_space(artifacts) and trained_on != artifacts.manifest.get("dataset_fingerprint"):
-        print(f"zero-shot: model {model} was trained on another graph ({record.get('path', '?')}); it ranks "
-              f"{artifacts.path} through the encoder's shared feature space and the relations' texts", file=sys.stderr)
-        return True
+    here = artifacts.manifest.get("dataset_fingerprint")
+    known = record.get("dataset_fingerprints") or [record.get("dataset_fingerprint")]  # several with multi-graph training
+    if space and space == artifact_feature_space(artifacts) and here:
+        if here not in known:
+            print(f"zero-shot: model {model} was trained on another graph ({', '.join(record.get('paths') or [record.get('path', '?')])}); "
+                  f"it ranks {artifacts.path} through the encoder's shared feature space and the relations' texts",
+                  file=sys.stderr)
+            return True
+        if here != record.get("dataset_fingerprint"):
+            return False  # one of the other graphs it was trained on
     stages = artifacts.manifest.get("fingerprints") or {}
     differ = []
     trained, current = record.get("dataset_fingerprint"), artifacts.manifest.get("dataset_fingerprint")

@@ -124,3 +124,29 @@ def test_positions_in_rows_match_a_brute_force_comparison():
         np.testing.assert_array_equal(pos[found], match.argmax(2)[found])
     pos, found = positions_in_rows(np.full((2, 3), -1), np.full((2, 4), -1))
     assert not found.any() and pos.shape == (2, 4)
+
+
+def test_several_graphs_concatenated_rank_each_query_as_its_own_graph_does(tmp_path):
+    """``QueryData.concat`` (one model for several graphs): node, query and relation ids are offset per
+    graph and each graph's relation rows keep their direction, so a query ranks exactly as in its own graph."""
+    from seeder.artifacts import open_artifacts
+    from seeder.checkpoint import load_model
+    from seeder.inference import QueryData, evaluate
+    from tests.test_retriever import _artifacts_for
+
+    first, model_dir, _ = _artifacts_for(tmp_path / "a", "dense", relations=3, reduce_dim=0)
+    second, _, _ = _artifacts_for(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4)
+    model, info = load_model(model_dir)
+    parts = [QueryData.from_artifacts(open_artifacts(p), "val") for p in (first, second)]
+    joined = QueryData.concat(parts)
+    assert joined.num_relations == 8 and len(joined.subgraphs) == sum(len(p.subgraphs) for p in parts)
+    together, _ = evaluate(model, joined, info.config)
+    offset, start = len(parts[0].node_features), 0
+    for g, part in enumerate(parts):
+        alone, _ = evaluate(model, part, info.config)
+        rows = slice(start, start + len(part.subgraphs))
+        ranking = together.ranking[rows][:, : alone.ranking.shape[1]]
+        expected = np.where(alone.ranking >= 0, alone.ranking + (offset if g else 0), -1)
+        np.testing.assert_array_equal(ranking, expected)
+        np.testing.assert_array_equal(together.set_size[rows], alone.set_size)
+        start += len(part.subgraphs)
