@@ -1,11 +1,11 @@
 """Distributed training of the SeedER policy on Ray Train (V2): sharded data, gradient averaging,
 a checkpoint per epoch, resume, MLflow tracking.
 
-    python pipelines/train.py --artifacts A [--config FILE] [KEY=VALUE ...] [--num-workers N] [--use-gpu]
+    python pipelines/train.py --artifacts A [--artifacts B ...] [--config FILE] [KEY=VALUE ...] [--num-workers N] [--use-gpu]
         [--out DIR] [--experiment NAME] [--storage PATH_OR_URI] [--name NAME] [--resume]
 
 Every worker reads the artifacts (``--artifacts`` may be an ``s3://``/``file://`` URI: each node
-fetches it once into its cache) and, each epoch, trains on its slice of one seeded permutation of
+fetches it once into its cache; given more than once, one model trains on every graph's questions) and, each epoch, trains on its slice of one seeded permutation of
 the trainable queries, so the ranks see disjoint queries and the same number of steps. Gradients are
 averaged over the ranks before every optimiser step. Rank 0 validates, logs to MLflow and writes the
 checkpoint that ``ray.train.report`` persists under ``STORAGE/NAME``. At the end the best epoch's
