@@ -47,7 +47,8 @@ class ModelInfo:
     config: SeederConfig
     feature_dim: int
     # {"path": ..., "fingerprint": ..., "dataset_fingerprint": ..., "fingerprints": {stage: ...},
-    #  "feature_space": ... (only for features every graph shares, seeder.preprocess.feature_space)}
+    #  "feature_space": ... (only for features every graph shares, seeder.preprocess.feature_space),
+    #  "dataset_fingerprints": [...], "paths": [...] (a model trained on several graphs)}
     artifacts: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
