@@ -447,7 +447,9 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     known = record.get("dataset_fingerprints") or [record.get("dataset_fingerprint")]  # several with multi-graph training
     if space and space == artifact_feature_space(artifacts) and here:
         if here not in known:
-            print(f"zero-shot: model {model} was trained on another graph ({', '.join(record.get('paths') or [record.get('path', '?')])}); "
+            graphs = record.get("paths") or [record.get("path", "?")]
+            print(f"zero-shot: model {model} was trained on {'other graphs' if len(graphs) > 1 else 'another graph'} "
+                  f"({', '.join(graphs)}); "
                   f"it ranks {artifacts.path} through the encoder's shared feature space and the relations' texts",
                   file=sys.stderr)
             return True
