@@ -34,12 +34,8 @@ selected, and at 1/8 full their probe mostly ends at the first entry read."""
 _ROWS_AHEAD = 16
 """Feature rows requested ahead of the one being read: a candidate's row is mostly a miss to memory
 on a large graph, and with several requests in flight their latencies overlap. The whole row is
-requested (``_prefetch_row``), into L2. On November 27, alternated in one process on bench_expand's
-graphs (identical subgraphs), whole rows 16 ahead took 0.405 / 0.357 ms a query at 100K nodes and
-0.435 / 0.427 at 1M, against 0.485 / 0.425 and 0.545 / 0.516 with the first two lines of each row
-(the hardware streaming the rest once the row is read); 8, 12 and 24 ahead were within 0.01-0.03 ms
-of 16. A bare loop of random 1 KB row reads behaves alike: 101 / 125 ns a row at 100K / 1M against
-149 / 183 ns with two lines requested (and 38 / 46 ns with int16 rows of half the bytes)."""
+requested (``_prefetch_row``), into L2: faster than requesting a row's first lines only, and 8-24 ahead
+are alike (benchmarks/RESULTS.md, "Prefetching feature rows")."""
 
 _SLICES_AHEAD = 4
 """CSR slices requested ahead of the one being scanned (as ``_ROWS_AHEAD``); a node's offsets in
