@@ -33,37 +33,21 @@ from seeder.threads import intra_op_threads
 
 
 ONE_THREAD_UP_TO = 8
-"""Calls with at most this many questions run torch on one intra-op thread. Their tensors are small
+"""Calls with at most this many questions run torch on one intra-op thread: their tensors are small
 (one question: a 10-token MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool
-costs more than it saves: on 2 cores a single MetaQA question took 20 ms to rank on two threads and 9
-ms on one, and 17 ms against 11 ms to encode (bfloat16 MiniLM: 3.6 ms on two threads in isolation, but a
-whole question took 18.8 ms against 16.3 when its encoding alone switched to two). Calls of more
-questions keep every thread, or are cut into parts of one thread each (``PART_QUESTIONS``).
-
-numpy's BLAS (OpenBLAS) gets one thread too: its worker threads busy-wait after each product, so
-beside a single question's small products they only burn a core that the caller's other work (in a
-service, Ray Serve's proxy) needs. Through ``seeder serve`` on 2 cores that spinning thread took as much
-CPU as the question itself; with it gone, the single-question p50 fell from 24.5-25.6 to 20.8-22.9 ms."""
+costs more than it saves (a MetaQA question ranked in 9 ms on one thread, 20 ms on two, on 2 cores).
+numpy's BLAS gets one thread too: its worker threads busy-wait after each product and take a core the
+caller's other work (in a service, Ray Serve's proxy) needs. Calls of more questions keep every thread,
+or are cut into parts of one thread each (``PART_QUESTIONS``). Measurements: benchmarks/RESULTS.md,
+"Threads and parts of a Retriever call"."""
 
 
 PART_QUESTIONS = 32
 """On the CPU a call is answered in parts of at least this many questions, side by side, one thread
-each (``Retriever._parts``), up to one part per torch thread.
-
-K-HOP-WITH-FILTERING is numpy, one core whatever the thread settings (256 MetaQA questions: 265 ms,
-against 150-165 ms as two halves on two threads), and the networks lose less to the GIL than to
-handing each small op to a thread pool. Batches of 256, interleaved in one process:
-
-- 2-core CPU, MetaQA, compiled: 467-517 questions/s in two parts against 370-386 on two intra-op
-  threads with the bfloat16 encoder, 411-446 against 301-357 with int8 (bfloat16 MiniLM encodes a
-  question in 0.70 ms on one thread, int8 in 0.96);
-- 16-core CPU, the demo's model, int8 compiled encoder: 1,286-1,303 questions/s in 8 parts against
-  620-630 on 16 intra-op threads (4 parts 1,267-1,366, 16 parts 848-930); float32 eager encoder:
-  807-863 in 8 parts against 614-690 (16 parts 544-606: parts of 16 questions batch too little, and
-  their threads queue for the GIL).
-
-A part is a smaller batch, so a near-tie (float rounding) may rank the other way round, as with any
-other batch size: 99.6% of 256 MetaQA questions kept the same top 10."""
+each (``Retriever._parts``), up to one part per torch thread: K-HOP-WITH-FILTERING is numpy on one core
+whatever the thread settings, and the networks lose less to the GIL than to handing each small op to a
+thread pool (on 16 cores about twice the questions/s of one call on 16 intra-op threads). A part is a
+smaller batch, so a near-tie may rank the other way round, as with any other batch size."""
 
 
 ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16", "int8")
@@ -71,16 +55,9 @@ ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16", "int8")
 dataset's (``embed.cpu_precision``), so a preprocessed question's text ranks as ``seeder evaluate``
 ranks it; ``float32``; ``bfloat16``; ``int8`` (int8 GEMMs, see ``seeder.bert.int8_linear``); or
 ``auto``: bfloat16 where the CPU computes it natively and the encoder runs on the plain-torch backend,
-else as the artifacts. On MetaQA (Zen 4 CPU) bfloat16 MiniLM encodes one question in 4.5 ms against
-9.1 ms and batches at 1.8x the texts/s, with embeddings within cosine 0.9999 of float32. The 4,041 val
-questions, asked as new text: Hit@1 0.9602 (bfloat16) and 0.9599 (float32, the same as their
-preprocessed features), the same top node for 99.3%, Recall@20 and Hit@any equal; near-tied scores
-make the order inside the top 20 differ for 27%. int8 encodes one question in 0.6-0.8x bfloat16's time
-(cosine ~0.997 to float32), but batches on one thread (a call's parts, ``PART_QUESTIONS``) slower:
-0.96 ms a question against 0.70 for bfloat16, compiled. It is never picked by ``auto``, as it moves
-more rankings: Hit@1 0.9602,
-Recall@20 0.9172 against 0.9173, Hit@any 0.9847 against 0.9849 (one question), the same top node for
-96.0%."""
+else as the artifacts. bfloat16 encodes a question in about half float32's time, within cosine 0.9999;
+int8 is never picked by ``auto``, as it moves more rankings (cosine ~0.997). Measurements:
+benchmarks/RESULTS.md, "Threads and parts of a Retriever call"."""
 
 
 def resolve_encoder_precision(choice: str, embed) -> str:
