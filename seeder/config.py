@@ -88,9 +88,8 @@ class EmbedConfig(Section):
     ``cpus_per_actor`` CPUs without GPUs."""
     actors_per_gpu: int = 4
     """Embedding actors sharing each GPU (each asks Ray for 1/actors_per_gpu of one): while one
-    tokenizes its texts and hands results back, another runs MiniLM. On an H100, 1M texts took 12.0-12.8
-    s through Ray Data with 4 actors, 13.2-16.5 s with 2 and 16.5-18.9 s with 1 (the bare encoder in
-    one process: 8.2-9.9 s)."""
+    tokenizes its texts and hands results back, another runs MiniLM (on an H100, 1M texts in 12.0-12.8 s
+    with 4, against 16.5-18.9 s with 1; benchmarks/RESULTS.md)."""
     cpus_per_actor: float = 1.0
     """CPUs per CPU embedding actor; torch threads are set to match. One single-threaded MiniLM per core
     embedded 1.26x the texts/s of one process with two threads on a 2-core machine (small GEMMs scale

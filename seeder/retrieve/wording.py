@@ -38,9 +38,9 @@ EXACT_DISTANCE = 4
 features: on MetaQA, exact distances up to 8 lost 2 points of the prior's held-out accuracy)."""
 
 CATEGORIZE_FROM = 50_000
-"""Word count from which the words are categorized before hashing (``pd.util.hash_array``): on this
-project's 2-core machine, 10 words hash in 7 us plain and 119 us categorized, 10,000 in 0.56 ms
-against 3.1 ms, 100,000 (with repeats, as in a corpus) in 7.4 ms against 4.5 ms."""
+"""Word count from which the words are categorized before hashing (``pd.util.hash_array``): worth it
+only for a corpus, whose words repeat (100,000 words hash in 4.5 ms categorized against 7.4 ms plain;
+below, plain hashing wins; benchmarks/RESULTS.md)."""
 
 
 def distance_bucket(distance: np.ndarray) -> np.ndarray:
