@@ -116,10 +116,9 @@ def answer_on_the_replica(host: str, port: int) -> int:
     settings when they import Serve, so this runs before the embedded Ray starts, and they inherit them.
 
     Through the proxy, a request is parsed there and handed to the replica in a call, and the replica
-    fetches a POST's body back from the proxy in a second call. Interleaved on 2 cores, a single
-    question's POST took 17.1 ms p50 answered by the replica against 26.0 ms through the proxy (GET:
-    16.9 against 23.8); the replica's own work fell too (15.8 against 17.1 ms), as the proxy no longer
-    ran on its cores in between. Direct ingress gives each replica a port from a range: [port, port + 1)
+    fetches a POST's body back from the proxy in a second call. Answered by the replica, a single
+    question's POST takes about two thirds of its time through the proxy on 2 cores (benchmarks/RESULTS.md,
+    "Smaller decisions"). Direct ingress gives each replica a port from a range: [port, port + 1)
     holds ``port`` alone, so this is for one replica."""
     import socket
 

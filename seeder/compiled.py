@@ -5,9 +5,9 @@ Answering one question is about 600 small torch ops in the policy and 100 in the
 each op pays its dispatch: the policy runs three expansion steps and a final scoring pass, each through
 three attention layers over a subgraph of ~120 nodes; int8 MiniLM quantizes every activation before
 its products. Inductor fuses each piece (``POLICY_METHODS``, the encoder's forward pass) into a few
-generated C++ loops. On MetaQA (2-core CPU, one thread): ranking a question 5.6-6.1 ms against
-7.6-8.3, 256 questions 215-275 ms against 305; encoding a question in int8 2.8-3.5 ms against 4.0, with
-the same distance to float32 (mean cosine 0.9969); float32 MiniLM gains nothing.
+generated C++ loops. On MetaQA a question ranks in about three quarters of the eager time (2-core CPU,
+one thread), and int8 MiniLM encodes faster at the same distance to float32; float32 MiniLM gains nothing
+(benchmarks/RESULTS.md, "Smaller decisions").
 
 What it costs: a C++ compiler at run time, and 20-40 s of compiling. Graphs are compiled per shape
 family and per torch thread count, so ``Retriever.warm_up`` asks a question alone, two together and a
@@ -16,7 +16,7 @@ so later processes compile faster). Fused kernels add floats in another order, s
 the other way round: the default, eager path is the one whose rankings equal ``seeder evaluate``'s.
 Where compiling fails (no compiler, an unsupported platform), the piece warns once and runs eagerly
 from then on. Training gains nothing from it here: compiling ``propagate`` for the training step,
-backward included, measured 236-282 ms a step against 208-224 eager.
+backward included, was slower than eager.
 """
 
 from __future__ import annotations

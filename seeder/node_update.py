@@ -11,8 +11,8 @@ as much as the arithmetic (a MetaQA training step runs 12 layers; about 35 ms of
 with the batch). Here it is one autograd function: the three products stay torch matrix products,
 and each ``x + dropout(u + b)`` with its LayerNorm is one compiled pass forward and one backward
 (``seeder.policy_kernels``), which also sums the columns of the gradients for the biases and the
-norms' parameters. On 7,400 nodes, forward and backward take 4.6-5.8 ms against 6.9-7.9 with the
-modules; a MetaQA training step, 1.06-1.19 times faster (alternated in one process). The dropout
+norms' parameters. A MetaQA training step runs about 1.1 times faster than with the modules
+(benchmarks/RESULTS.md, "Smaller decisions"). The dropout
 bytes come from the same counter-based hash as ``seeder.dropout``, drawn once per call and kept for
 the backward (one byte per value).
 

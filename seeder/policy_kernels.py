@@ -42,7 +42,7 @@ def group_edges(src: np.ndarray, dst: np.ndarray, edge_type: np.ndarray, num_nod
 _MATH = {"reassoc", "contract"}
 """Sums over D in any order and fused multiply-adds, so the loops over D vectorise. The kernels that
 inline the per-node helpers need the flags too: inlined code is compiled with the caller's (without
-them, 2.3-2.6 ms forward and 3.6 ms backward on a 23K-edge MetaQA propagation, 2.0 and 2.9-3.0 with).
+them a MetaQA propagation ran about 1.2 times slower).
 
 A sum over D is kept out of a loop over D that also stores into an array. LLVM vectorises such a loop
 behind a run-time test that the stored array does not overlap the ones read (numba cannot say they
