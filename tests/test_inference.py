@@ -132,10 +132,10 @@ def test_several_graphs_concatenated_rank_each_query_as_its_own_graph_does(tmp_p
     from seeder.artifacts import open_artifacts
     from seeder.checkpoint import load_model
     from seeder.inference import QueryData, evaluate
-    from tests.test_retriever import _artifacts_for
+    from tests.datasets import hand_built_artifacts
 
-    first, model_dir, _ = _artifacts_for(tmp_path / "a", "dense", relations=3, reduce_dim=0)
-    second, _, _ = _artifacts_for(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4)
+    first, model_dir, _ = hand_built_artifacts(tmp_path / "a", "dense", relations=3, reduce_dim=0)
+    second, _, _ = hand_built_artifacts(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4)
     model, info = load_model(model_dir)
     parts = [QueryData.from_artifacts(open_artifacts(p), "val") for p in (first, second)]
     joined = QueryData.concat(parts)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ENV, run as _run
+from tests.datasets import hand_built_artifacts
 
 
 @pytest.fixture(scope="module")
@@ -279,69 +280,6 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
     assert [n["id"] for n in json.loads(done.stdout)["nodes"]] == [n.id for n in expected[0].nodes]
 
 
-def _artifacts_for(root: Path, strategy: str, relations: int = 3, reduce_dim: int = 256, seed: int = 3,
-                   trained_on=None, step_budget=None):
-    """A 60-node graph whose questions name an entity, preprocessed by hand with the hash encoder (the
-    library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it (that
-    records ``trained_on``'s artifacts, or these). ``reduce_dim`` only goes into the config: the features
-    are the encoder's either way. ``step_budget`` is recorded as if preprocessing had derived it."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from seeder.config import load_config, to_dict
-    from seeder.embed import HashEncoder
-    from seeder.io import write_manifest
-    from seeder.preprocess import run_seeds
-    from seeder.retrieve.khop import expand_queries
-    from seeder.artifacts import read_seed_table
-    from seeder.store import open_dataset, write_dataset
-    from seeder.train import build_state, export_best
-
-    from seeder.artifacts import open_artifacts
-    from seeder.checkpoint import artifacts_record
-
-    rng = np.random.default_rng(seed)
-    n, r, q, dim = 60, relations, 12, 32
-    relation_names = [f"relation {chr(97 + i)}" for i in range(r)]
-    names = [f"entity {w}" for w in ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-                                     "pi rho sigma tau upsilon phi chi psi omega").split()] + [f"place {i}" for i in range(n - 24)]
-    answers = [[int(a)] for a in rng.integers(0, n, q)]
-    queries = pa.table({"id": np.arange(q) + 100, "text": [f"what is linked to {names[i]}" for i in range(q)],
-                        "answers": answers, "split": ["train"] * 4 + ["val"] * 8, "topic_id": np.arange(q)})
-    dataset = write_dataset(
-        root / "dataset", pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
-        pa.table({"id": np.arange(r, dtype=np.int32), "name": relation_names, "text": relation_names,
-                  "inverse_text": [f"{t} of" for t in relation_names]}),
-        pa.table({"src": rng.integers(0, n, 240), "dst": rng.integers(0, n, 240), "relation": rng.integers(0, r, 240).astype(np.int32)}),
-        queries)
-    kg = open_dataset(dataset)
-    config = load_config(None, ["embed.encoder=hash", f"embed.hash_dim={dim}", f"seed.strategy={strategy}", "seed.k0=2",
-                                "expand.budget=20", "expand.keep_per_hop=[8,10]", "model.hidden_dim=16", "model.num_layers=1",
-                                "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]", f"reduce.dim={reduce_dim}"])
-    encoder = HashEncoder(dim=dim)
-    nf, qf = encoder.encode(names), encoder.encode(queries.column("text").to_pylist())
-    rf = encoder.encode(relation_names + [f"{t} of" for t in relation_names])
-    out = root / "artifacts"
-    (out / "features").mkdir(parents=True)
-    (out / "seeds").mkdir()
-    for name, array in (("node", nf), ("relation", rf), ("query", qf), ("query_ids", np.arange(q) + 100)):
-        np.save(out / "features" / f"{name}.npy", array)
-    write_manifest(out / "features", {"stage": "features"})
-    run_seeds(out / "features", out / "seeds", kg, config)
-    _, seeds, scores = read_seed_table(out / "seeds" / "seeds.parquet")
-    splits = np.array(queries.column("split").to_pylist(), dtype=object)
-    subgraphs = expand_queries(kg, nf, rf, qf, seeds, scores, config.expand, np.arange(q) + 100, splits,
-                               np.arange(q + 1), np.concatenate(answers))
-    (out / "subgraphs").mkdir()
-    pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
-    write_manifest(out / "subgraphs", {"stage": "subgraphs"})
-    write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "dataset_fingerprint": kg.fingerprint,
-                         "config": to_dict(config), **({"step_budget": step_budget} if step_budget else {})})
-    record = artifacts_record(open_artifacts(trained_on or out))
-    model = export_best(build_state(config, dim, 1, record), root / "model")
-    return out, model, queries.column("text").to_pylist()
-
-
 def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says_it_is_zero_shot(tmp_path, capsys):
     """Features every graph shares (``reduce.dim: 0``): a model trained on one graph ranks another with other
     relations (ids, count and texts) and says it runs zero-shot; with per-graph PCA features it is an
@@ -349,8 +287,8 @@ def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says
     from seeder import Retriever
     from seeder.artifacts import FingerprintMismatch
 
-    home, _, _ = _artifacts_for(tmp_path / "home", "dense", relations=3, reduce_dim=0)
-    other, _, texts = _artifacts_for(tmp_path / "other", "dense", relations=5, reduce_dim=0, seed=4,
+    home, _, _ = hand_built_artifacts(tmp_path / "home", "dense", relations=3, reduce_dim=0)
+    other, _, texts = hand_built_artifacts(tmp_path / "other", "dense", relations=5, reduce_dim=0, seed=4,
                                      step_budget={"expansion_sizes": [2, 4], "frontier_caps": [8, 8]})
     done = _run([sys.executable, "-m", "seeder.train", "--artifacts", str(home), "--out", str(tmp_path / "run"),
                  "train.epochs=2", "train.warmup_epochs=1", "train.batch_size=2", "train.num_threads=1"],
@@ -370,8 +308,8 @@ def test_a_model_carries_to_another_graph_in_the_encoders_feature_space_and_says
     at_home = Retriever.load(model, artifacts=home)
     trained_steps = tuple(at_home.info.config.train.expansion_sizes)
     assert not at_home.zero_shot and at_home.schedule.expansion_sizes == trained_steps != (2, 4)  # its training steps
-    pca_home, _, _ = _artifacts_for(tmp_path / "pca-home", "dense", relations=3)
-    pca_other, pca_model, _ = _artifacts_for(tmp_path / "pca-other", "dense", relations=5, seed=4, trained_on=pca_home)
+    pca_home, _, _ = hand_built_artifacts(tmp_path / "pca-home", "dense", relations=3)
+    pca_other, pca_model, _ = hand_built_artifacts(tmp_path / "pca-other", "dense", relations=5, seed=4, trained_on=pca_home)
     with pytest.raises(FingerprintMismatch, match="reduce.dim=0"):
         Retriever.load(pca_model, artifacts=pca_other)
 
@@ -383,7 +321,7 @@ def test_every_seeding_strategy_serves_new_questions_like_preprocessing(tmp_path
     (``given`` reads the topic attribute, which a new question lacks: its topic is passed in)."""
     from seeder import Retriever
 
-    artifacts, model, texts = _artifacts_for(tmp_path, strategy)
+    artifacts, model, texts = hand_built_artifacts(tmp_path, strategy)
     retriever = Retriever.load(model, artifacts=artifacts)
     _, stored = retriever.rank_split("val")
     topics = list(range(4, 12)) if strategy == "given" else None

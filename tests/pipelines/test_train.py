@@ -401,17 +401,17 @@ def test_several_artifacts_train_one_model_only_in_one_feature_space(tmp_path):
     """Several --artifacts: one job over every graph's questions, the most steps any graph's derived
     budget asks for, and a clear error when the graphs' features are not in one space."""
     import pipelines.train as pipeline
-    from tests.test_retriever import _artifacts_for
+    from tests.datasets import hand_built_artifacts
 
-    first, _, _ = _artifacts_for(tmp_path / "a", "dense", relations=3, reduce_dim=0,
+    first, _, _ = hand_built_artifacts(tmp_path / "a", "dense", relations=3, reduce_dim=0,
                                  step_budget={"expansion_sizes": [5, 5], "frontier_caps": [25, 25]})
-    second, _, _ = _artifacts_for(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4,
+    second, _, _ = hand_built_artifacts(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4,
                                   step_budget={"expansion_sizes": [4, 9, 6], "frontier_caps": [20, 45, 30]})
     one = pipeline.prepare_job([str(first)], None, ["train.epochs=1"], str(tmp_path / "one"), 1)
     both = pipeline.prepare_job([str(first), str(second)], None, ["train.epochs=1"], str(tmp_path / "both"), 1)
     assert both.artifacts == f"{first},{second}"
     assert both.val_queries == 2 * one.val_queries == 16 and both.trainable >= one.trainable
     assert both.config.train.expansion_sizes == [5, 9, 6] and both.config.train.frontier_caps == [25, 45, 30]
-    pca, _, _ = _artifacts_for(tmp_path / "pca", "dense", relations=5, seed=4)
+    pca, _, _ = hand_built_artifacts(tmp_path / "pca", "dense", relations=5, seed=4)
     with pytest.raises(DataError, match="one feature space; build each with reduce.dim=0"):
         pipeline.prepare_job([str(first), str(pca)], None, [], str(tmp_path / "mixed"), 1)
