@@ -5,9 +5,10 @@ a checkpoint per epoch, resume, MLflow tracking.
         [--out DIR] [--experiment NAME] [--storage PATH_OR_URI] [--name NAME] [--resume]
 
 Every worker reads the artifacts (``--artifacts`` may be an ``s3://``/``file://`` URI: each node
-fetches it once into its cache; given more than once, one model trains on every graph's questions) and, each epoch, trains on its slice of one seeded permutation of
-the trainable queries, so the ranks see disjoint queries and the same number of steps. Gradients are
-averaged over the ranks before every optimiser step. Rank 0 validates, logs to MLflow and writes the
+fetches it once into its cache; given more than once, one model trains on every graph's questions)
+and, each epoch, trains on its slice of one seeded permutation of the trainable queries, so the ranks
+see disjoint queries and the same number of steps. Gradients are averaged over the ranks before every
+optimiser step. Rank 0 validates, logs to MLflow and writes the
 checkpoint that ``ray.train.report`` persists under ``STORAGE/NAME``. At the end the best epoch's
 weights become the model directory ``OUT/model`` (plus ``OUT/history.json`` and
 ``OUT/training_curve.png``), logged to MLflow as the run's model, so ``seeder evaluate --method seeder
@@ -274,11 +275,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if rank == 0:
             print(f"resumed from checkpoint after epoch {state.epoch} ({checkpoint.path})", flush=True)
     else:
-        record = ckpt.artifacts_record(every[0]) | {"path": loop_config["artifacts"].split(",")[0]}
-        if len(every) > 1:  # the graphs it knows: on any of them it does not run zero-shot
-            record["dataset_fingerprints"] = [a.manifest.get("dataset_fingerprint") for a in every]
-            record["paths"] = loop_config["artifacts"].split(",")
-        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world), record)
+        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world),
+                                ckpt.graphs_record(every, loop_config["artifacts"].split(",")))
     # Device placement only: see GradientAverage for why not DDP's wrapper.
     state.model = ray.train.torch.prepare_model(state.model, parallel_strategy=None)
     for slot in state.optimizer.state.values():  # a restored optimiser's moments follow the model

@@ -78,6 +78,17 @@ def artifacts_record(artifacts) -> dict[str, Any]:
     return record
 
 
+def graphs_record(every: list, locations: list[str]) -> dict[str, Any]:
+    """``artifacts_record`` of a model trained on the artifacts ``every`` (one per graph), found at
+    ``locations`` as the run was given them (a URI stays one); with several, the graphs it knows, so that
+    on none of them it counts as zero-shot (``seeder.retriever.check_compatible``)."""
+    record = artifacts_record(every[0]) | {"path": locations[0]}
+    if len(every) > 1:
+        record["dataset_fingerprints"] = [a.manifest.get("dataset_fingerprint") for a in every]
+        record["paths"] = list(locations)
+    return record
+
+
 def artifact_feature_space(artifacts) -> str | None:
     """``seeder.preprocess.feature_space`` of the artifacts' config (None without one)."""
     from seeder.preprocess import feature_space

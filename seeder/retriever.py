@@ -18,7 +18,7 @@ batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -138,8 +138,6 @@ class Retriever:
         model_config = info.config
         if zero_shot and artifacts.step_budget and not self.config.eval.expansion_sizes:
             # Carried to another graph, the policy takes the steps that graph's questions need (seeder.derive).
-            from dataclasses import replace
-
             model_config = replace(info.config, train=replace(info.config.train, **artifacts.step_budget))
         self.schedule = Schedule.evaluation(self.config, model_config)
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
@@ -177,8 +175,6 @@ class Retriever:
 
     @cached_property
     def encoder(self):
-        from dataclasses import replace
-
         from seeder.embed import load_encoder
 
         cpu_precision = resolve_encoder_precision(self.encoder_precision, self.config.embed)

@@ -227,12 +227,10 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
         follow = (step >= 0) & (step != multi_rel)
         current[follow] = sigma[step[follow], current[follow]]
     single_answers = current[:, None]
-    condition = np.full(q, "", dtype=object)
     if ends_associate.any():
         associates = pi[:, current].T.astype(np.int64)  # [q, c]
         if conditioned.any():  # the type of one associate, so that at least one answer has it
             wanted = kind_index[associates[rows, condition_pick]]
-            condition[conditioned] = kinds[wanted[conditioned]]
         associates = np.sort(associates, axis=1)
         distinct = np.ones_like(associates, dtype=bool)
         distinct[:, 1:] = associates[:, 1:] != associates[:, :-1]
@@ -253,7 +251,8 @@ def generate(cfg: SynthConfig) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     # Text, last hop first: "What is the capital of the mentor of Bakilo?"
     phrase_table = pa.array(rel_texts + [""], pa.string())
     opening = np.where(multi | fanout, "Which entities are ", "What is ").astype(object)
-    opening[conditioned] = "Which " + condition[conditioned] + " is "
+    if conditioned.any():
+        opening[conditioned] = "Which " + kinds[wanted[conditioned]] + " is "
     pieces = [pa.array(opening, pa.string())]
     for hop in range(big_l - 1, -1, -1):
         step = path[:, hop]
