@@ -346,3 +346,25 @@ def test_warm_up_compiles_every_graph_a_call_needs(trained):
     for n in (1, 3, 9, 40, 1):
         compiled.retrieve((questions * 40)[:n], k=5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_model_of_several_graphs_is_at_home_on_each_and_zero_shot_elsewhere(tmp_path, capsys):
+    """``graphs_record``: a model trained on two graphs (as pipelines/train.py records it) runs on either
+    without a mismatch and is zero-shot only on a third."""
+    from seeder import Retriever
+    from seeder.artifacts import open_artifacts
+    from seeder.checkpoint import graphs_record
+    from seeder.config import load_config
+    from seeder.train import build_state, export_best
+
+    graphs = [hand_built_artifacts(tmp_path / name, "dense", relations=r, reduce_dim=0, seed=s)[0]
+              for name, r, s in (("a", 3, 3), ("b", 5, 4), ("c", 4, 5))]
+    every = [open_artifacts(g) for g in graphs[:2]]
+    config = load_config(None, ["embed.encoder=hash", "embed.hash_dim=32", "reduce.dim=0", "model.hidden_dim=16",
+                                "model.num_layers=1", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]"])
+    model = export_best(build_state(config, 32, 1, graphs_record(every, [str(g) for g in graphs[:2]])), tmp_path / "model")
+    assert not Retriever.load(model, artifacts=graphs[0]).zero_shot
+    assert not Retriever.load(model, artifacts=graphs[1]).zero_shot
+    assert "zero-shot" not in capsys.readouterr().err
+    assert Retriever.load(model, artifacts=graphs[2]).zero_shot
+    assert f"trained on other graphs ({graphs[0]}, {graphs[1]})" in capsys.readouterr().err
