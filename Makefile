@@ -21,5 +21,6 @@ demo: install
 test: install
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+# The unit loop: no Ray (a test that starts a Ray node fails; see tests/without_ray), no servers, no browser.
 test-quick: install
-	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	SEEDER_TEST_QUICK=1 $(VENV)/bin/python -m pytest -m "not e2e and not slow" $(PYTEST_ARGS)

@@ -40,8 +40,7 @@ COLUMNS = ("hit_at_1", "hit_at_5", "mrr", "recall_at_20", "hit_any", "set_size")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--artifacts", required=True, help="preprocessing artifacts directory")
     parser.add_argument("--config", help="YAML config every variant starts from")
     parser.add_argument("--out", required=True, help="one run directory per variant is made here")
@@ -64,21 +63,58 @@ def main() -> None:
         start = time.perf_counter()
         if not (run_dir / "model" / "seeder_model.json").exists():
             config = ["--config", args.config] if args.config else []
-            run_logged([sys.executable, "pipelines/train.py", "--artifacts", args.artifacts, *config, "--out", str(run_dir),
-                        "--num-workers", str(args.num_workers), "--experiment", "ablations",
-                        *args.overrides, *VARIANTS[name]], log)
+            run_logged(
+                [
+                    sys.executable,
+                    "pipelines/train.py",
+                    "--artifacts",
+                    args.artifacts,
+                    *config,
+                    "--out",
+                    str(run_dir),
+                    "--num-workers",
+                    str(args.num_workers),
+                    "--experiment",
+                    "ablations",
+                    *args.overrides,
+                    *VARIANTS[name],
+                ],
+                log,
+            )
         trained = time.perf_counter() - start
         report = run_dir / f"{args.split}_metrics.json"
-        run_logged([sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", args.artifacts, "--split", args.split,
-                    "--method", "seeder", "--model", str(run_dir / "model"), "--json", str(report)], log)
+        run_logged(
+            [
+                sys.executable,
+                "-m",
+                "seeder.cli",
+                "evaluate",
+                "--artifacts",
+                args.artifacts,
+                "--split",
+                args.split,
+                "--method",
+                "seeder",
+                "--model",
+                str(run_dir / "model"),
+                "--json",
+                str(report),
+            ],
+            log,
+        )
         results[name] = {"report": json.loads(report.read_text())["methods"]["seeder"], "seconds": trained}
-        print(f"[{i}/{len(names)}] {name}: hit@1 {results[name]['report']['all']['hit_at_1']:.3f} "
-              f"(trained in {trained:.0f} s)", flush=True)
+        print(
+            f"[{i}/{len(names)}] {name}: hit@1 {results[name]['report']['all']['hit_at_1']:.3f} (trained in {trained:.0f} s)",
+            flush=True,
+        )
     groups = [g for g in next(iter(results.values()))["report"] if g == "all" or g.startswith("hop=")]
     lines = []
     for group in groups:
-        lines += [f"\n{group} ({args.split})\n", "| variant | " + " | ".join(COLUMNS) + " | train s |",
-                  "|---|" + "---|" * (len(COLUMNS) + 1)]
+        lines += [
+            f"\n{group} ({args.split})\n",
+            "| variant | " + " | ".join(COLUMNS) + " | train s |",
+            "|---|" + "---|" * (len(COLUMNS) + 1),
+        ]
         for name, result in results.items():
             row = result["report"].get(group, {})
             cells = [f"{row[c]:.1f}" if c == "set_size" else f"{row[c]:.3f}" for c in COLUMNS if c in row]

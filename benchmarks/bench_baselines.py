@@ -22,11 +22,11 @@ import time
 
 import numpy as np
 
-from seeder.benchmark import percentile_ms, single_query_latency
 from seeder.config import BaselinesConfig
+from seeder.evaluation.benchmark import percentile_ms, single_query_latency
 from seeder.retrieve.baselines import METHODS, NEEDS_TEXT
-from seeder.retrieve.baselines.bm25 import BM25Index
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph, dense_topk
+from seeder.retrieve.lexical import BM25Index
 
 
 def synthetic_inputs(num_nodes: int, avg_degree: float, dim: int, num_queries: int, seed: int) -> BaselineInputs:
@@ -41,7 +41,9 @@ def synthetic_inputs(num_nodes: int, avg_degree: float, dim: int, num_queries: i
     num_edges = int(num_nodes * avg_degree / 2)
     src = rng.integers(0, num_nodes, num_edges)
     local = rng.random(num_edges) < 0.8
-    dst = np.where(local, src - src % cluster_size + rng.integers(0, cluster_size, num_edges), rng.integers(0, num_nodes, num_edges))
+    dst = np.where(
+        local, src - src % cluster_size + rng.integers(0, cluster_size, num_edges), rng.integers(0, num_nodes, num_edges)
+    )
     dst = np.minimum(dst, num_nodes - 1)
     # Hubs: 0.01% of nodes get 2,000 extra edges each, so the neighbour caps are exercised.
     hubs = rng.choice(num_nodes, max(1, num_nodes // 10_000), replace=False)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runners = {"dense": dense}
     runners.update({m: (lambda batch, m=m: METHODS[m](batch, cfg, args.length)) for m in methods})
-    # Interleaved query by query (seeder.benchmark.single_query_latency), so load from other
+    # Interleaved query by query (seeder.evaluation.benchmark.single_query_latency), so load from other
     # processes on the machine hits all methods alike and the ratios stay meaningful.
     names = list(runners)
     for name in names:
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     single = single_query_latency(
         {name: (lambda i, name=name: runners[name](batches[i])) for name in names},
         list(range(args.latency_queries)),
-        lambda done: print(f"  single-query timing: {done}/{args.latency_queries} queries", flush=True) if done % 10 == 0 else None,
+        lambda done: (
+            print(f"  single-query timing: {done}/{args.latency_queries} queries", flush=True) if done % 10 == 0 else None
+        ),
     )
     batched: dict[str, float] = {}
     for name in names:
@@ -120,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ref_single, ref_batched = rows[0][1], rows[0][3]
     print()
-    print(f"N = {args.nodes:,}, L = {args.length}, dim = {args.dim}; single: {args.latency_queries} queries one at a time; "
-          f"batched: {args.batch_queries} queries per call")
+    print(
+        f"N = {args.nodes:,}, L = {args.length}, dim = {args.dim}; single: {args.latency_queries} queries one at a time; "
+        f"batched: {args.batch_queries} queries per call"
+    )
     print(f"{'method':<12} {'p50 ms':>9} {'p95 ms':>9} {'x dense':>8} {'batched ms/q':>13} {'x dense':>8}")
     for name, p50, p95, per_query in rows:
         print(f"{name:<12} {p50:>9.1f} {p95:>9.1f} {p50 / ref_single:>8.2f} {per_query:>13.2f} {per_query / ref_batched:>8.2f}")

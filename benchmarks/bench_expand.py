@@ -29,9 +29,9 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
 from seeder.config import ExpandConfig  # noqa: E402
-from seeder.progress import Progress  # noqa: E402
+from seeder.data.store import build_csr  # noqa: E402
 from seeder.retrieve.khop import GraphIndex, expand_batch, expand_queries, induced_edges  # noqa: E402
-from seeder.store import build_csr  # noqa: E402
+from seeder.system.progress import Progress  # noqa: E402
 
 
 def normalised(rng: np.random.Generator, rows: int, dim: int, chunk: int = 200_000) -> np.ndarray:
@@ -81,13 +81,29 @@ class Workload:
         answer_ptr = np.arange(args.queries + 1)
         answers = rng.integers(0, kg.num_nodes, args.queries)
         self.common = dict(
-            query_ids=np.arange(args.queries), splits=np.array(["train"] * args.queries, dtype=object),
-            answer_ptr=answer_ptr, answers=answers, graph=self.graph,
+            query_ids=np.arange(args.queries),
+            splits=np.array(["train"] * args.queries, dtype=object),
+            answer_ptr=answer_ptr,
+            answers=answers,
+            graph=self.graph,
         )
         self.warm = warm = min(cfg.batch_queries, args.queries)
-        expand_queries(kg, nf, rf, self.qf[:warm], self.seeds[:warm], None, cfg, **{
-            **self.common, "query_ids": np.arange(warm), "splits": self.common["splits"][:warm],
-            "answer_ptr": answer_ptr[: warm + 1], "answers": answers[:warm]})
+        expand_queries(
+            kg,
+            nf,
+            rf,
+            self.qf[:warm],
+            self.seeds[:warm],
+            None,
+            cfg,
+            **{
+                **self.common,
+                "query_ids": np.arange(warm),
+                "splits": self.common["splits"][:warm],
+                "answer_ptr": answer_ptr[: warm + 1],
+                "answers": answers[:warm],
+            },
+        )
         self.cpu, self.wall = [], []
 
     def run(self) -> None:
@@ -138,8 +154,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     cfg = ExpandConfig(budget=args.budget, batch_queries=args.batch_queries)
-    print(f"expand config: budget {cfg.budget}, hops {cfg.hops}, keep_per_hop {cfg.keep_per_hop}, "
-          f"neighbor_cap {cfg.neighbor_cap}, candidate_cap {cfg.candidate_cap}, batch {cfg.batch_queries}")
+    print(
+        f"expand config: budget {cfg.budget}, hops {cfg.hops}, keep_per_hop {cfg.keep_per_hop}, "
+        f"neighbor_cap {cfg.neighbor_cap}, candidate_cap {cfg.candidate_cap}, batch {cfg.batch_queries}"
+    )
     workloads = []
     for label, nodes in (("small", args.small_nodes), ("large", args.nodes)):
         edges = int(round(args.edges * nodes / args.nodes))

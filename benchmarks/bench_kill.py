@@ -5,7 +5,7 @@
 
 A small synthetic graph (``seeder synth``, 300 nodes) is exported as a triples TSV plus a queries TSV.
 The reference run does, uninterrupted and timed: ``seeder import triples`` -> ``pipelines/preprocess.py``
-(embedded Ray, hash encoder) -> training (``python -m seeder.train`` by default, ``pipelines/train.py``
+(embedded Ray, hash encoder) -> training (``python -m seeder.training.loop`` by default, ``pipelines/train.py``
 with ``--trainer ray``) for two short epochs -> optionally a two-trial ``tune/sweep.py``.
 
 Each cycle then picks a step and a delay inside that step's reference duration (both seeded), restores the
@@ -46,17 +46,46 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TIMING_KEYS = {"epoch_seconds", "trajectories_per_second", "val_seconds"}
-PREPROCESS = ["--ray-address", "local", "--num-cpus", "2", "--shard-rows", "100", "--query-block", "25",
-              "embed.encoder=hash", "embed.hash_dim=64", "embed.cpus_per_actor=1", "reduce.dim=16", "seed.strategy=dense",
-              "expand.relation_score=cosine", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
-TRAIN = ["train.epochs=2", "train.batch_size=8", "train.num_trajectories=2", "train.expansion_sizes=[3,3]",
-         "train.frontier_caps=[8,8]", "train.warmup_epochs=0", "model.hidden_dim=16", "model.num_layers=1",
-         "train.num_threads=1"]
+PREPROCESS = [
+    "--ray-address",
+    "local",
+    "--num-cpus",
+    "2",
+    "--shard-rows",
+    "100",
+    "--query-block",
+    "25",
+    "embed.encoder=hash",
+    "embed.hash_dim=64",
+    "embed.cpus_per_actor=1",
+    "reduce.dim=16",
+    "seed.strategy=dense",
+    "expand.relation_score=cosine",
+    "expand.budget=30",
+    "expand.keep_per_hop=[12,18]",
+]
+TRAIN = [
+    "train.epochs=2",
+    "train.batch_size=8",
+    "train.num_trajectories=2",
+    "train.expansion_sizes=[3,3]",
+    "train.frontier_caps=[8,8]",
+    "train.warmup_epochs=0",
+    "model.hidden_dim=16",
+    "model.num_layers=1",
+    "train.num_threads=1",
+]
 
 
 def env() -> dict[str, str]:
-    e = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true",
-             PYTHONUNBUFFERED="1", RAY_AUTH_MODE="disabled")
+    e = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        RAY_USAGE_STATS_ENABLED="0",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PYTHONUNBUFFERED="1",
+        RAY_AUTH_MODE="disabled",
+    )
     e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     e.pop("RAY_ADDRESS", None)
     for hook in ("SEEDER_TEST_STOP_AFTER_SHARDS", "SEEDER_TRAIN_EXIT_AFTER_EPOCH"):
@@ -69,11 +98,23 @@ def env() -> dict[str, str]:
 
 def make_inputs(root: Path) -> None:
     """A small synthetic graph as the TSV files a user would bring: triples.tsv and queries.tsv."""
-    from seeder.store import open_dataset
-    from seeder.synth import SynthConfig, synthesize
+    from seeder.data.store import open_dataset
+    from seeder.generate.synth import SynthConfig, synthesize
 
-    synthesize(SynthConfig(nodes=300, relations=4, queries=200, max_path_length=1, hubs=0, multi_answer_frac=0.0,
-                           val_fraction=0.2, test_fraction=0.1, seed=3), root / "synth")
+    synthesize(
+        SynthConfig(
+            nodes=300,
+            relations=4,
+            queries=200,
+            max_path_length=1,
+            hubs=0,
+            multi_answer_frac=0.0,
+            val_fraction=0.2,
+            test_fraction=0.1,
+            seed=3,
+        ),
+        root / "synth",
+    )
     kg = open_dataset(root / "synth")
     names = kg.nodes.column("name").to_pylist()
     rels = kg.relations.column("name").to_pylist()
@@ -94,21 +135,83 @@ def commands(inputs: Path, run: Path, trainer: str, rerun: bool) -> dict[str, li
     """The command of every step; ``rerun`` gives the form a user runs after a crash."""
     py = sys.executable
     cmds = {
-        "import": [py, "-m", "seeder.cli", "import", "triples", "--triples", str(inputs / "triples.tsv"), "--queries",
-                   str(inputs / "queries.tsv"), "--out", str(run / "dataset")] + (["--overwrite"] if rerun else []),
-        "preprocess": [py, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(run / "dataset"), "--out",
-                       str(run / "artifacts"), *PREPROCESS],
+        "import": [
+            py,
+            "-m",
+            "seeder.cli",
+            "import",
+            "triples",
+            "--triples",
+            str(inputs / "triples.tsv"),
+            "--queries",
+            str(inputs / "queries.tsv"),
+            "--out",
+            str(run / "dataset"),
+        ]
+        + (["--overwrite"] if rerun else []),
+        "preprocess": [
+            py,
+            str(REPO / "pipelines" / "preprocess.py"),
+            "--dataset",
+            str(run / "dataset"),
+            "--out",
+            str(run / "artifacts"),
+            *PREPROCESS,
+        ],
     }
     if trainer == "ray":
-        cmds["train"] = [py, str(REPO / "pipelines" / "train.py"), "--artifacts", str(run / "artifacts"), "--out",
-                         str(run / "train"), "--num-workers", "1", "--no-mlflow", "--max-failures", "0",
-                         "--ray-address", "local", "--num-cpus", "2", *TRAIN] + (["--resume"] if rerun else [])
+        cmds["train"] = [
+            py,
+            str(REPO / "pipelines" / "train.py"),
+            "--artifacts",
+            str(run / "artifacts"),
+            "--out",
+            str(run / "train"),
+            "--num-workers",
+            "1",
+            "--no-mlflow",
+            "--max-failures",
+            "0",
+            "--ray-address",
+            "local",
+            "--num-cpus",
+            "2",
+            *TRAIN,
+        ] + (["--resume"] if rerun else [])
     else:
-        cmds["train"] = [py, "-m", "seeder.train", "--artifacts", str(run / "artifacts"), "--out", str(run / "train"),
-                         "--experiment", "none", *TRAIN] + (["--resume"] if rerun else [])
-    cmds["sweep"] = [py, str(REPO / "tune" / "sweep.py"), "--artifacts", str(run / "artifacts"), "--num-samples", "2",
-                     "--max-concurrent", "1", "--epochs", "1", "--storage", str(run / "sweeps"), "--name", "s",
-                     "--ray-address", "local", "--num-cpus", "2", *TRAIN] + (["--resume"] if rerun else [])
+        cmds["train"] = [
+            py,
+            "-m",
+            "seeder.training.loop",
+            "--artifacts",
+            str(run / "artifacts"),
+            "--out",
+            str(run / "train"),
+            "--experiment",
+            "none",
+            *TRAIN,
+        ] + (["--resume"] if rerun else [])
+    cmds["sweep"] = [
+        py,
+        str(REPO / "tune" / "sweep.py"),
+        "--artifacts",
+        str(run / "artifacts"),
+        "--num-samples",
+        "2",
+        "--max-concurrent",
+        "1",
+        "--epochs",
+        "1",
+        "--storage",
+        str(run / "sweeps"),
+        "--name",
+        "s",
+        "--ray-address",
+        "local",
+        "--num-cpus",
+        "2",
+        *TRAIN,
+    ] + (["--resume"] if rerun else [])
     return cmds
 
 
@@ -121,8 +224,7 @@ def run_step(cmd: list[str], run: Path, log: Path, timeout: float = 600) -> tupl
     with open(log, "ab") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n".encode())
         fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=step_env(run), cwd=run,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=step_env(run), cwd=run, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -171,8 +273,7 @@ def kill_at(cmd: list[str], run: Path, log: Path, delay: float) -> tuple[int | N
         fh.write(f"\n$ {' '.join(cmd)}  # killed after {delay:.2f}s\n".encode())
         fh.flush()
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=step_env(run), cwd=run,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=step_env(run), cwd=run, start_new_session=True)
         try:
             rc = proc.wait(timeout=delay)
             return rc, time.perf_counter() - start
@@ -188,7 +289,7 @@ METADATA = {"manifest.json", "summary.json"}
 
 def file_hashes(root: Path) -> dict[str, str]:
     """xxh3 of every file under ``root`` except metadata that holds timestamps (and hidden names)."""
-    from seeder.io import checksum_file
+    from seeder.system.io import checksum_file
 
     out = {}
     for path in sorted(root.rglob("*")):
@@ -200,16 +301,21 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 def leftovers(root: Path) -> list[str]:
     """Hidden partial or temporary entries an interrupted writer left that a finished rerun should not."""
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob(".*")
-                  if ".partial" in p.name or ".tmp" in p.name or p.name.endswith(".old"))
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob(".*")
+        if ".partial" in p.name or ".tmp" in p.name or p.name.endswith(".old")
+    )
 
 
 def stage_records(artifacts: Path) -> dict[str, dict]:
     records = {}
     for manifest in sorted(artifacts.glob("*/manifest.json")):
         data = json.loads(manifest.read_text())
-        records[manifest.parent.name] = {"fingerprint": data.get("fingerprint"),
-                                         "files": {k: v.get("xxh3") for k, v in (data.get("files") or {}).items()}}
+        records[manifest.parent.name] = {
+            "fingerprint": data.get("fingerprint"),
+            "files": {k: v.get("xxh3") for k, v in (data.get("files") or {}).items()},
+        }
     return records
 
 
@@ -218,15 +324,13 @@ def training_outputs(out: Path) -> dict:
 
     weights = torch.load(out / "model" / "weights.pt", map_location="cpu", weights_only=True)
     history = json.loads((out / "history.json").read_text())
-    return {"weights": weights,
-            "history": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in history]}
+    return {"weights": weights, "history": [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in history]}
 
 
 def snapshot(run: Path, step: str) -> dict:
     if step == "import":
         manifest = json.loads((run / "dataset" / "manifest.json").read_text())
-        return {"files": file_hashes(run / "dataset"), "fingerprints": manifest["fingerprints"],
-                "counts": manifest["counts"]}
+        return {"files": file_hashes(run / "dataset"), "fingerprints": manifest["fingerprints"], "counts": manifest["counts"]}
     if step == "preprocess":
         return {"files": file_hashes(run / "artifacts"), "stages": stage_records(run / "artifacts")}
     if step == "train":
@@ -257,7 +361,7 @@ def same(step: str, a: dict, b: dict) -> str:
 
 def check_dataset_not_half_complete(run: Path) -> str:
     """After a kill in the import: an existing dataset directory must be complete and verify."""
-    from seeder.io import fingerprint_file, read_manifest
+    from seeder.system.io import fingerprint_file, read_manifest
 
     ds = run / "dataset"
     if not ds.exists():
@@ -279,8 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=20, help="kill-and-rerun cycles (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the steps and delays chosen")
     parser.add_argument("--steps", default="import,preprocess,train", help="steps in order; add sweep for a tiny sweep")
-    parser.add_argument("--trainer", choices=("local", "ray"), default="local",
-                        help="local: python -m seeder.train (seconds); ray: pipelines/train.py on Ray Train (~40 s)")
+    parser.add_argument(
+        "--trainer",
+        choices=("local", "ray"),
+        default="local",
+        help="local: python -m seeder.training (seconds); ray: pipelines/train.py on Ray Train (~40 s)",
+    )
     parser.add_argument("--workdir", help="where to work (default: a temporary directory, removed at the end)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     args = parser.parse_args(argv)
@@ -354,11 +462,17 @@ def main(argv: list[str] | None = None) -> int:
         survived += ok
         identical += ok and not differs
         status = "identical" if ok and not differs else ("DIFFERENT: " + "; ".join(differs) if ok else f"FAILED: {problem}")
-        print(f"cycle {cycle:2d}/{args.cycles}: {step:<10} {what:<28} rerun {', '.join(steps[index:])}: {status} "
-              f"({time.perf_counter() - start:.1f}s)", flush=True)
+        print(
+            f"cycle {cycle:2d}/{args.cycles}: {step:<10} {what:<28} rerun {', '.join(steps[index:])}: {status} "
+            f"({time.perf_counter() - start:.1f}s)",
+            flush=True,
+        )
     total = time.perf_counter() - wall
-    print(f"survived {survived}/{args.cycles}, identical {identical}/{args.cycles} "
-          f"({landed} kills landed inside their step; steps {','.join(steps)}, trainer {args.trainer}, seed {args.seed}; wall {total:.0f}s)", flush=True)
+    print(
+        f"survived {survived}/{args.cycles}, identical {identical}/{args.cycles} "
+        f"({landed} kills landed inside their step; steps {','.join(steps)}, trainer {args.trainer}, seed {args.seed}; wall {total:.0f}s)",
+        flush=True,
+    )
     if not args.keep and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     elif args.keep:

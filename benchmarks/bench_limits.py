@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from seeder.config import PriorConfig
+from seeder.data.store import open_dataset
 from seeder.retrieve.paths import decode, describe, golden_paths_batched, sampled_slices
-from seeder.store import open_dataset
 
 
 def _all_slices(indptr: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,8 +41,9 @@ def _all_slices(indptr: np.ndarray, nodes: np.ndarray) -> tuple[np.ndarray, np.n
     return sampled_slices(indptr, nodes, cap)
 
 
-def follow(indptr: np.ndarray, neighbors: np.ndarray, relations: np.ndarray, start: np.ndarray,
-           path: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def follow(
+    indptr: np.ndarray, neighbors: np.ndarray, relations: np.ndarray, start: np.ndarray, path: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """Every node at the end of relation ``path`` from each question's ``start`` node (no caps):
     flat (question row, node), deduplicated."""
     q = np.flatnonzero(start >= 0)
@@ -88,16 +89,14 @@ def type_paths(kg, queries, type_col: str, topic_col: str, per_type: int = 300) 
     flat = np.concatenate(train.answers.map(lambda a: np.asarray(a, np.int64)).to_list())
     hops = int(train.hop.max()) if "hop" in train else 3
     paths = golden_paths_batched(kg, seeds, ptr, flat, hops, PriorConfig())
-    frame = pd.DataFrame({"type": train[type_col].to_numpy()[paths["query"]], "code": paths["code"],
-                          "reached": paths["reached"]})
+    frame = pd.DataFrame({"type": train[type_col].to_numpy()[paths["query"]], "code": paths["code"], "reached": paths["reached"]})
     score = frame.groupby(["type", "code"]).agg(questions=("code", "size"), reached=("reached", "mean")).reset_index()
     score = score.sort_values(["type", "questions", "reached"], ascending=[True, False, True])
     return dict(score.groupby("type").first()["code"].items())
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--dataset", required=True, help="an imported dataset directory (seeder import ...)")
     parser.add_argument("--split", default="val", help="split whose questions are scored")
     parser.add_argument("--type", default="qtype", help="query attribute with the question type")
@@ -108,8 +107,10 @@ def main() -> int:
     queries = kg.queries.to_pandas()
     for col in (args.type, args.topic, "hop"):
         if col not in queries.columns:
-            sys.exit(f"bench_limits: {Path(args.dataset) / 'queries.parquet'} has no column {col!r} "
-                     f"(columns: {', '.join(queries.columns)}); pass --type/--topic")
+            sys.exit(
+                f"bench_limits: {Path(args.dataset) / 'queries.parquet'} has no column {col!r} "
+                f"(columns: {', '.join(queries.columns)}); pass --type/--topic"
+            )
     codes = type_paths(kg, queries, args.type, args.topic)
     split = queries[queries.split == args.split].reset_index(drop=True)
     if split.empty:
@@ -127,7 +128,7 @@ def main() -> int:
     path_nodes = np.zeros(len(split))
     oracle = np.zeros(len(split))
     names = kg.relation_names
-    print(f"question-type paths (from the train split's golden paths):")
+    print("question-type paths (from the train split's golden paths):")
     for qtype, code in sorted(codes.items()):
         rows = np.flatnonzero(split[args.type].to_numpy() == qtype)
         if len(rows) == 0:
@@ -145,12 +146,14 @@ def main() -> int:
         oracle[rows] = np.where(ends > 0, hits / np.maximum(ends, 1), 0.0)
 
     print(f"\n{args.split}: {len(split)} questions ({args.dataset})")
-    print(f"| hop | questions | reach_any | reach_path | path_nodes | oracle_hit1 |")
-    print(f"|---|---|---|---|---|---|")
+    print("| hop | questions | reach_any | reach_path | path_nodes | oracle_hit1 |")
+    print("|---|---|---|---|---|---|")
     groups = [(f"hop={h}", hop == h) for h in np.unique(hop)] + [("all", np.ones(len(split), bool))]
     for name, mask in groups:
-        print(f"| {name} | {int(mask.sum())} | {any_hit[mask].mean():.3f} | {reach_path[mask].mean():.3f} | "
-              f"{path_nodes[mask].mean():.1f} | {oracle[mask].mean():.3f} |")
+        print(
+            f"| {name} | {int(mask.sum())} | {any_hit[mask].mean():.3f} | {reach_path[mask].mean():.3f} | "
+            f"{path_nodes[mask].mean():.1f} | {oracle[mask].mean():.3f} |"
+        )
     return 0
 
 

@@ -33,8 +33,12 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--train-queries", type=int, default=4_000, help="training queries per epoch (a sample)")
     parser.add_argument("--skip-train", action="store_true", help="stop after preprocessing (e.g. the MAG-sized run)")
-    parser.add_argument("--relation-score", choices=["cosine", "learned"], default="cosine",
-                        help="K-HOP-WITH-FILTERING's relation term (learned adds the golden-path and prior stages)")
+    parser.add_argument(
+        "--relation-score",
+        choices=["cosine", "learned"],
+        default="cosine",
+        help="K-HOP-WITH-FILTERING's relation term (learned adds the golden-path and prior stages)",
+    )
     parser.add_argument("--workdir", default="runs/million")
     parser.add_argument("--cluster-nodes", type=int, default=10_000_000, help="extrapolate preprocessing to this size")
     parser.add_argument("--cluster-cores", type=int, default=64, help="... on this many cores")
@@ -42,25 +46,94 @@ def main() -> int:
 
     work = Path(args.workdir) / f"n{args.nodes}-{args.relation_score}"
     dataset, artifacts, model = work / "dataset", work / "artifacts", work / "model"
-    # The settings this recipe was measured with, not derived from the graph (see seeder.derive).
-    env_overrides = ["embed.encoder=hash", "seed.strategy=dense", "expand.hops=2", "expand.keep_per_hop=[60,140]",
-                     f"expand.relation_score={args.relation_score}"]
+    # The settings this recipe was measured with, not derived from the graph (see seeder.preprocessing.derive).
+    env_overrides = [
+        "embed.encoder=hash",
+        "seed.strategy=dense",
+        "expand.hops=2",
+        "expand.keep_per_hop=[60,140]",
+        f"expand.relation_score={args.relation_score}",
+    ]
     stages = [
-        ("synth", [str(BIN / "seeder"), "synth", "--out", str(dataset), "--overwrite", "--nodes", str(args.nodes),
-                   "--relations", str(args.relations), "--queries", str(args.queries), "--hubs", str(args.hubs),
-                   "--hub-degree", str(args.hub_degree), "--max-path-length", "2"]),
-        ("preprocess", [sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
-                        "--out", str(artifacts), "--ray-address", "local", *env_overrides]),
+        (
+            "synth",
+            [
+                str(BIN / "seeder"),
+                "synth",
+                "--out",
+                str(dataset),
+                "--overwrite",
+                "--nodes",
+                str(args.nodes),
+                "--relations",
+                str(args.relations),
+                "--queries",
+                str(args.queries),
+                "--hubs",
+                str(args.hubs),
+                "--hub-degree",
+                str(args.hub_degree),
+                "--max-path-length",
+                "2",
+            ],
+        ),
+        (
+            "preprocess",
+            [
+                sys.executable,
+                str(REPO / "pipelines" / "preprocess.py"),
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(artifacts),
+                "--ray-address",
+                "local",
+                *env_overrides,
+            ],
+        ),
     ]
     if not args.skip_train:
         stages += [
-            ("train", [sys.executable, str(REPO / "pipelines" / "train.py"), "--artifacts", str(artifacts),
-                       "--out", str(model), "--num-workers", "2", "--experiment", "million", "--resume",
-                       f"train.epochs={args.epochs}", "train.warmup_epochs=0",
-                       f"train.queries_per_epoch={args.train_queries}"]),
-            ("evaluate", [str(BIN / "seeder"), "evaluate", "--artifacts", str(artifacts), "--split", "test",
-                          "--method", "dense", "--method", "khop", "--method", "seeder", "--model",
-                          str(model / "model"), "--json", str(work / "test_metrics.json")]),
+            (
+                "train",
+                [
+                    sys.executable,
+                    str(REPO / "pipelines" / "train.py"),
+                    "--artifacts",
+                    str(artifacts),
+                    "--out",
+                    str(model),
+                    "--num-workers",
+                    "2",
+                    "--experiment",
+                    "million",
+                    "--resume",
+                    f"train.epochs={args.epochs}",
+                    "train.warmup_epochs=0",
+                    f"train.queries_per_epoch={args.train_queries}",
+                ],
+            ),
+            (
+                "evaluate",
+                [
+                    str(BIN / "seeder"),
+                    "evaluate",
+                    "--artifacts",
+                    str(artifacts),
+                    "--split",
+                    "test",
+                    "--method",
+                    "dense",
+                    "--method",
+                    "khop",
+                    "--method",
+                    "seeder",
+                    "--model",
+                    str(model / "model"),
+                    "--json",
+                    str(work / "test_metrics.json"),
+                ],
+            ),
         ]
     if artifacts.exists():
         import shutil
@@ -77,25 +150,35 @@ def main() -> int:
         if code != 0:
             print("".join(lines[-40:]))
             raise SystemExit(f"{name} failed with exit code {code}")
-        results[name] = {"seconds": wall, "peak_rss_gb": peak / 1e9, "peak_process_gb": run_measured.last_peak_process / 1e9,
-                         "peak_process_anon_gb": run_measured.last_peak_anon / 1e9, "peak_process": run_measured.last_peak_title}
+        results[name] = {
+            "seconds": wall,
+            "peak_rss_gb": peak / 1e9,
+            "peak_process_gb": run_measured.last_peak_process / 1e9,
+            "peak_process_anon_gb": run_measured.last_peak_anon / 1e9,
+            "peak_process": run_measured.last_peak_title,
+        }
 
     manifest = json.loads((dataset / "manifest.json").read_text())
     counts = manifest["counts"]
-    print(f"\ngraph: {counts['nodes']:,} nodes, {counts['edges']:,} edges, {counts['queries']:,} queries; "
-          f"{os.cpu_count()} cores")
-    print(f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s} {'anon':>6s}   (peak: RSS of all processes "
-          "together; 1 process: the largest RSS; anon: the largest without file-backed shared pages)")
+    print(f"\ngraph: {counts['nodes']:,} nodes, {counts['edges']:,} edges, {counts['queries']:,} queries; {os.cpu_count()} cores")
+    print(
+        f"{'stage':12s} {'wall s':>9s} {'peak GB':>8s} {'1 process':>10s} {'anon':>6s}   (peak: RSS of all processes "
+        "together; 1 process: the largest RSS; anon: the largest without file-backed shared pages)"
+    )
     for name, r in results.items():
-        print(f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f} {r['peak_process_anon_gb']:6.2f}"
-              f"   largest: {r['peak_process']}")
+        print(
+            f"{name:12s} {r['seconds']:9.1f} {r['peak_rss_gb']:8.2f} {r['peak_process_gb']:10.2f} {r['peak_process_anon_gb']:6.2f}"
+            f"   largest: {r['peak_process']}"
+        )
     summary = json.loads((artifacts / "summary.json").read_text())
     per_stage = summary["stages"]
     print("\npreprocessing stages (from summary.json):")
     for name, st in per_stage.items():
         print(f"  {name:10s} {st['seconds']:8.1f} s  {st['per_second']:>12,.0f} {st['unit']}/s")
-    print(f"  per-query subgraph cost: {1000 * per_stage['subgraphs']['seconds'] / counts['queries']:.3f} ms "
-          f"(compare with another --nodes at the same --queries per core)")
+    print(
+        f"  per-query subgraph cost: {1000 * per_stage['subgraphs']['seconds'] / counts['queries']:.3f} ms "
+        f"(compare with another --nodes at the same --queries per core)"
+    )
     # Extrapolation: embedding and the features stage's projection scale with texts or nodes, seeds with
     # queries x nodes (exact top-k), expansion with queries only (bounded subgraphs); all of them spread
     # over the cluster's cores (the PCA fit on its bounded sample is a constant).
@@ -108,8 +191,10 @@ def main() -> int:
         "seeds": per_stage["seeds"]["seconds"] * scale_nodes / core_ratio,
         "subgraphs": per_stage["subgraphs"]["seconds"] / core_ratio,
     }
-    print(f"\nextrapolated to {args.cluster_nodes:,} nodes ({args.relations} edges/node, same queries) on "
-          f"{args.cluster_cores} cores, from the per-node and per-query costs above:")
+    print(
+        f"\nextrapolated to {args.cluster_nodes:,} nodes ({args.relations} edges/node, same queries) on "
+        f"{args.cluster_cores} cores, from the per-node and per-query costs above:"
+    )
     for name, seconds in est.items():
         print(f"  {name:10s} {seconds / 60:8.1f} min")
     print(f"  total      {sum(est.values()) / 60:8.1f} min (hash encoder; MiniLM embedding runs on GPU actors)")

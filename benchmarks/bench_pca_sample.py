@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from seeder.embed import apply_pca, fit_pca
-from seeder.preprocess import embed_inputs, read_embeddings
-from seeder.store import open_dataset
+from seeder.data.store import open_dataset
+from seeder.features.embed import apply_pca, fit_pca
+from seeder.preprocessing.stages import embed_inputs, read_embeddings
 
 
 def main() -> None:

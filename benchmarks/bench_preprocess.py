@@ -10,7 +10,7 @@ included in the Ray Data one (actors load their model while the pipeline runs), 
 job pays.
 
 Part 2 (``--graph-nodes``, default 1M; 0 skips it): a relation-tracing synthetic graph
-(``seeder.synth``) with ``--graph-relations`` permutations (10 gives 10M edges) and ``--queries``
+(``seeder.generate.synth``) with ``--graph-relations`` permutations (10 gives 10M edges) and ``--queries``
 queries goes through the whole job with the hash encoder in a subprocess. It prints the wall time
 (goal < 10 min at 1M nodes, 10M edges, 20K queries), the peak resident memory of the job's process
 tree, Ray workers included (goal < 8 GB), each stage's throughput from ``summary.json``, and
@@ -36,7 +36,6 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 from measure import REPO, run_measured  # noqa: E402
 
 
@@ -56,7 +55,7 @@ def bench_texts(count: int, metaqa: Path | None) -> list[str]:
         names = pc.unique(pa.concat_arrays([table.column("h").combine_chunks(), table.column("t").combine_chunks()]))
         if len(names) >= count:
             return names.slice(0, count).to_pylist()
-    from seeder.synth import node_names
+    from seeder.generate.synth import node_names
 
     return node_names(count, np.random.default_rng(0)).to_pylist()
 
@@ -68,7 +67,7 @@ def part_embedding(args) -> dict:
 
     from pipelines.preprocess import embedding_dataset
     from seeder.config import EmbedConfig
-    from seeder.embed import load_encoder
+    from seeder.features.embed import load_encoder
 
     texts = bench_texts(args.texts, args.metaqa)
     cfg = EmbedConfig(encoder=args.encoder, **({"cpus_per_actor": args.cpus_per_actor} if args.cpus_per_actor else {}))
@@ -82,7 +81,9 @@ def part_embedding(args) -> dict:
     del encoder
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
-    table = pa.table({"kind": np.zeros(len(texts), np.int8), "row": np.arange(len(texts)), "id": np.arange(len(texts)), "text": texts})
+    table = pa.table(
+        {"kind": np.zeros(len(texts), np.int8), "row": np.arange(len(texts)), "id": np.arange(len(texts)), "text": texts}
+    )
     start = time.perf_counter()
     ds, (actors, threads) = embedding_dataset(ray, table, cfg, 1024)
     ids, embs = [], []
@@ -95,33 +96,56 @@ def part_embedding(args) -> dict:
     emb = np.concatenate(embs)[np.argsort(ids)]
     max_diff = float(np.abs(emb - bare).max())
     out = {
-        "texts": len(texts), "encoder": args.encoder, "bare_texts_per_s": len(texts) / bare_s,
-        "ray_data_texts_per_s": len(texts) / ray_s, "ratio": bare_s / ray_s, "max_abs_diff": max_diff,
+        "texts": len(texts),
+        "encoder": args.encoder,
+        "bare_texts_per_s": len(texts) / bare_s,
+        "ray_data_texts_per_s": len(texts) / ray_s,
+        "ratio": bare_s / ray_s,
+        "max_abs_diff": max_diff,
     }
-    print(f"embedding {len(texts):,} texts with {args.encoder}: bare {out['bare_texts_per_s']:,.0f} texts/s "
-          f"({bare_s:.1f} s), Ray Data {out['ray_data_texts_per_s']:,.0f} texts/s ({ray_s:.1f} s, actor start included, {actors} actor(s) x {threads} thread(s)); "
-          f"ratio {out['ratio']:.2f} (goal >= 0.95 on 100K texts); max |difference| {max_diff:.2e}")
+    print(
+        f"embedding {len(texts):,} texts with {args.encoder}: bare {out['bare_texts_per_s']:,.0f} texts/s "
+        f"({bare_s:.1f} s), Ray Data {out['ray_data_texts_per_s']:,.0f} texts/s ({ray_s:.1f} s, actor start included, {actors} actor(s) x {threads} thread(s)); "
+        f"ratio {out['ratio']:.2f} (goal >= 0.95 on 100K texts); max |difference| {max_diff:.2e}"
+    )
     return out
 
 
 def part_job(args) -> dict:
-    from seeder.synth import SynthConfig, synthesize
+    from seeder.generate.synth import SynthConfig, synthesize
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_pre_"))
     dataset = work / f"synth_{args.graph_nodes}"
     if not (dataset / "manifest.json").exists():
         start = time.perf_counter()
-        synthesize(SynthConfig(nodes=args.graph_nodes, relations=args.graph_relations, queries=args.queries,
-                               max_path_length=2), dataset, overwrite=True)
-        print(f"synthetic graph: {args.graph_nodes:,} nodes, about {args.graph_nodes * args.graph_relations:,} edges, "
-              f"{args.queries:,} queries written in {time.perf_counter() - start:.1f} s")
+        synthesize(
+            SynthConfig(nodes=args.graph_nodes, relations=args.graph_relations, queries=args.queries, max_path_length=2),
+            dataset,
+            overwrite=True,
+        )
+        print(
+            f"synthetic graph: {args.graph_nodes:,} nodes, about {args.graph_nodes * args.graph_relations:,} edges, "
+            f"{args.queries:,} queries written in {time.perf_counter() - start:.1f} s"
+        )
     out = work / f"art_{args.graph_nodes}"
     if out.exists() and not args.keep:
         import shutil
 
         shutil.rmtree(out)
-    cmd = [sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset), "--out", str(out),
-           "--ray-address", "local", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", *args.overrides]
+    cmd = [
+        sys.executable,
+        str(REPO / "pipelines" / "preprocess.py"),
+        "--dataset",
+        str(dataset),
+        "--out",
+        str(out),
+        "--ray-address",
+        "local",
+        "embed.encoder=hash",
+        "seed.strategy=dense",
+        "expand.relation_score=cosine",
+        *args.overrides,
+    ]
     code, wall, peak, lines = run_measured(cmd)
     if code != 0:
         print("".join(lines[-40:]))
@@ -130,18 +154,27 @@ def part_job(args) -> dict:
     cores = os.cpu_count() or 1
     sub = summary["stages"]["subgraphs"]
     result = {
-        "nodes": summary["counts"]["nodes"], "edges": summary["counts"]["edges"], "queries": summary["counts"]["queries"],
-        "wall_s": wall, "peak_rss_gb": peak / 1e9,
-        "stages": {k: {"seconds": v["seconds"], "per_second": v["per_second"], "unit": v["unit"]} for k, v in summary["stages"].items()},
+        "nodes": summary["counts"]["nodes"],
+        "edges": summary["counts"]["edges"],
+        "queries": summary["counts"]["queries"],
+        "wall_s": wall,
+        "peak_rss_gb": peak / 1e9,
+        "stages": {
+            k: {"seconds": v["seconds"], "per_second": v["per_second"], "unit": v["unit"]} for k, v in summary["stages"].items()
+        },
         "subgraphs_per_s_per_core": sub["items"] / sub["seconds"] / cores,
         "ceiling": summary["ceiling"]["all"]["all"],
     }
-    print(f"full job: {result['nodes']:,} nodes, {result['edges']:,} edges, {result['queries']:,} queries in "
-          f"{wall:.1f} s (goal < 600 s at 1M/10M/20K); peak memory {result['peak_rss_gb']:.2f} GB (goal < 8 GB)")
+    print(
+        f"full job: {result['nodes']:,} nodes, {result['edges']:,} edges, {result['queries']:,} queries in "
+        f"{wall:.1f} s (goal < 600 s at 1M/10M/20K); peak memory {result['peak_rss_gb']:.2f} GB (goal < 8 GB)"
+    )
     for name, stage in result["stages"].items():
         print(f"  {name:9s} {stage['seconds']:8.1f} s  {stage['per_second']:>12,.0f} {stage['unit']}/s")
-    print(f"  expansion inside the job: {result['subgraphs_per_s_per_core']:,.0f} subgraphs/s/core ({cores} cores); "
-          f"ceiling hit_any {result['ceiling']['hit_any']:.3f}")
+    print(
+        f"  expansion inside the job: {result['subgraphs_per_s_per_core']:,.0f} subgraphs/s/core ({cores} cores); "
+        f"ceiling hit_any {result['ceiling']['hit_any']:.3f}"
+    )
     return result
 
 
@@ -149,10 +182,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=20_000, help="texts of the embedding comparison (0 skips it)")
     parser.add_argument("--encoder", default="minilm", help="encoder of the embedding comparison: minilm or hash")
-    parser.add_argument("--cpus-per-actor", type=float, default=0,
-                        help="embed.cpus_per_actor of the Ray Data run (0: the config default)")
-    parser.add_argument("--metaqa", type=Path, default=REPO.parent / "shared" / "data" / "metaqa",
-                        help="MetaQA folder whose entity names are the texts (synthetic names when absent)")
+    parser.add_argument(
+        "--cpus-per-actor", type=float, default=0, help="embed.cpus_per_actor of the Ray Data run (0: the config default)"
+    )
+    parser.add_argument(
+        "--metaqa",
+        type=Path,
+        default=REPO.parent / "shared" / "data" / "metaqa",
+        help="MetaQA folder whose entity names are the texts (synthetic names when absent)",
+    )
     parser.add_argument("--graph-nodes", type=int, default=1_000_000, help="nodes of the full-job graph (0 skips it)")
     parser.add_argument("--graph-relations", type=int, default=10, help="permutation relations: N edges each")
     parser.add_argument("--queries", type=int, default=20_000)

@@ -2,7 +2,7 @@
 
 Features (``--features``):
 
-- ``hash`` (default): the synthetic graph's node and question texts (``seeder.synth``) through the hash
+- ``hash`` (default): the synthetic graph's node and question texts (``seeder.generate.synth``) through the hash
   encoder and the PCA of the features stage, as ``benchmarks/bench_million.py`` preprocesses them;
 - ``clustered``: a mixture of tight Gaussian clusters with questions near nodes, the easy case for an
   inverted file, for contrast.
@@ -27,19 +27,20 @@ import time
 import numpy as np
 
 from seeder.config import SeedConfig
+from seeder.features.bert import native_bfloat16
 from seeder.retrieve.ann import AnnIndex, topk_recall
-from seeder.bert import native_bfloat16
 from seeder.retrieve.seeds import dense_seeds
 
 
 def hash_features(nodes: int, queries: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Node and question features as the pipeline makes them with ``embed.encoder=hash``."""
     from seeder.config import SynthConfig
-    from seeder.embed import HashEncoder, apply_pca, fit_pca
-    from seeder.synth import generate
+    from seeder.features.embed import HashEncoder, apply_pca, fit_pca
+    from seeder.generate.synth import generate
 
-    node_table, _, _, query_table = generate(SynthConfig(nodes=nodes, relations=10, queries=queries, hubs=0,
-                                                         max_path_length=2, seed=seed))
+    node_table, _, _, query_table = generate(
+        SynthConfig(nodes=nodes, relations=10, queries=queries, hubs=0, max_path_length=2, seed=seed)
+    )
     encoder = HashEncoder(dim=384)
     texts = node_table.column("text")
     block = 100_000
@@ -55,9 +56,13 @@ def clustered_features(nodes: int, queries: int, dim: int, seed: int) -> tuple[n
     out = np.empty((nodes, dim), dtype=np.float32)
     for lo in range(0, nodes, 200_000):
         rows = min(200_000, nodes - lo)
-        x = centres[rng.integers(0, len(centres), rows)] + rng.standard_normal((rows, dim), dtype=np.float32) * np.float32(0.2 / np.sqrt(dim))
+        x = centres[rng.integers(0, len(centres), rows)] + rng.standard_normal((rows, dim), dtype=np.float32) * np.float32(
+            0.2 / np.sqrt(dim)
+        )
         out[lo : lo + rows] = x / np.linalg.norm(x, axis=1, keepdims=True)
-    q = out[rng.integers(0, nodes, queries)] + rng.standard_normal((queries, dim), dtype=np.float32) * np.float32(0.1 / np.sqrt(dim))
+    q = out[rng.integers(0, nodes, queries)] + rng.standard_normal((queries, dim), dtype=np.float32) * np.float32(
+        0.1 / np.sqrt(dim)
+    )
     return out, q / np.linalg.norm(q, axis=1, keepdims=True)
 
 
@@ -77,8 +82,10 @@ def main() -> None:
     start = time.perf_counter()
     make = hash_features if args.features == "hash" else clustered_features
     nodes, queries = make(args.nodes, args.queries, args.dim, args.seed)
-    print(f"{args.features} features: {len(nodes):,} nodes, {len(queries):,} questions, {nodes.shape[1]} dims, "
-          f"made in {time.perf_counter() - start:.1f} s; {os.cpu_count()} cores")
+    print(
+        f"{args.features} features: {len(nodes):,} nodes, {len(queries):,} questions, {nodes.shape[1]} dims, "
+        f"made in {time.perf_counter() - start:.1f} s; {os.cpu_count()} cores"
+    )
 
     start = time.perf_counter()
     exact_ids, exact_scores = dense_seeds(queries, nodes, cfg.k0, cfg.block_nodes, cfg.block_queries, screen="float32")
@@ -88,8 +95,10 @@ def main() -> None:
     bf16_ids, bf16_scores = dense_seeds(queries, nodes, cfg.k0, cfg.block_nodes, cfg.block_queries, screen="bfloat16")
     bf16_s = time.perf_counter() - start
     identical = np.array_equal(bf16_ids, exact_ids) and np.array_equal(bf16_scores, exact_scores)
-    print(f"exact, bfloat16 screen: {bf16_s:7.2f} s  ({exact_s / bf16_s:.2f}x the float32 screen; seeds identical: "
-          f"{identical}; native bfloat16 on this CPU: {native_bfloat16()})")
+    print(
+        f"exact, bfloat16 screen: {bf16_s:7.2f} s  ({exact_s / bf16_s:.2f}x the float32 screen; seeds identical: "
+        f"{identical}; native bfloat16 on this CPU: {native_bfloat16()})"
+    )
 
     start = time.perf_counter()
     index = AnnIndex.build(nodes, cfg)
@@ -103,9 +112,11 @@ def main() -> None:
         total = build_s + search_s
         same = (ids == exact_ids).all(axis=1)
         worst = float(np.abs(scores[same] - exact_scores[same]).max()) if same.any() else 0.0
-        print(f"ANN nprobe {nprobe:>4}: search {search_s:7.2f} s, total {total:7.2f} s, exact/ANN {exact_s / total:5.2f}x "
-              f"(search alone {exact_s / search_s:5.2f}x), top-{cfg.k0} recall {topk_recall(ids, exact_ids):.4f}, "
-              f"identical rows {same.mean():.4f}, max score difference on them {worst:.1e}")
+        print(
+            f"ANN nprobe {nprobe:>4}: search {search_s:7.2f} s, total {total:7.2f} s, exact/ANN {exact_s / total:5.2f}x "
+            f"(search alone {exact_s / search_s:5.2f}x), top-{cfg.k0} recall {topk_recall(ids, exact_ids):.4f}, "
+            f"identical rows {same.mean():.4f}, max score difference on them {worst:.1e}"
+        )
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 

@@ -53,8 +53,9 @@ def percentiles(ms: list[float]) -> str:
     return f"p50 {p50:.1f} ms  p95 {p95:.1f} ms  p99 {p99:.1f} ms"
 
 
-def post(url: str, payload: dict, timeout: float = 300, connection: http.client.HTTPConnection | None = None,
-         as_get: bool = False) -> tuple[int, float]:
+def post(
+    url: str, payload: dict, timeout: float = 300, connection: http.client.HTTPConnection | None = None, as_get: bool = False
+) -> tuple[int, float]:
     """POST ``payload``; (status, ms). With ``connection``, over that kept-alive connection (as HTTP
     clients and load generators send requests), else over a new connection for this request.
     ``as_get``: a single-question payload as ``GET /?question=...&k=...`` instead, with no body."""
@@ -85,8 +86,9 @@ def post(url: str, payload: dict, timeout: float = 300, connection: http.client.
     return status, (time.perf_counter() - start) * 1000
 
 
-def load_clients(url: str, payloads: list[dict], clients: int, keep_alive: bool = True, as_get: bool = False
-                 ) -> tuple[list[float], int, float]:
+def load_clients(
+    url: str, payloads: list[dict], clients: int, keep_alive: bool = True, as_get: bool = False
+) -> tuple[list[float], int, float]:
     """Send ``payloads`` from ``clients`` threads, each over one kept-alive connection (or a new one per
     request), as POSTs (or GETs, ``post``'s ``as_get``); (latencies ms, errors, wall seconds)."""
     latencies, errors, lock, cursor = [], [0], threading.Lock(), [0]
@@ -121,7 +123,8 @@ def free_port() -> int:
 
 
 def main() -> None:
-    from seeder.retriever import ENCODER_PRECISIONS, add_compile_argument
+    from seeder.cli.arguments import add_compile_argument
+    from seeder.serving.retriever import ENCODER_PRECISIONS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
@@ -132,18 +135,33 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50, help="concurrent HTTP clients")
     parser.add_argument("--request-batch", type=int, default=64, help="questions per request in the client-side batching run")
     parser.add_argument("--replicas", type=int, default=1, help="serve replicas")
-    parser.add_argument("--cpus-per-replica", type=float, default=0,
-                        help="CPUs (and torch threads) per replica; 0: this machine's cores / --replicas")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads of the API runs; 0: torch's default (every core). A call is cut into one part per "
-                        "thread, each on one thread (seeder.retriever.Retriever._parts); a replica uses its CPUs")
-    parser.add_argument("--encoder-precision", default="auto", choices=ENCODER_PRECISIONS,
-                        help="number format of the question encoder on CPU (seeder.retriever.ENCODER_PRECISIONS) for the "
-                        "API and the service; when it differs from the artifacts', the API is also measured with theirs")
+    parser.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        default=0,
+        help="CPUs (and torch threads) per replica; 0: this machine's cores / --replicas",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of the API runs; 0: torch's default (every core). A call is cut into one part per "
+        "thread, each on one thread (seeder.serving.retriever.Retriever._parts); a replica uses its CPUs",
+    )
+    parser.add_argument(
+        "--encoder-precision",
+        default="auto",
+        choices=ENCODER_PRECISIONS,
+        help="number format of the question encoder on CPU (seeder.serving.retriever.ENCODER_PRECISIONS) for the "
+        "API and the service; when it differs from the artifacts', the API is also measured with theirs",
+    )
     add_compile_argument(parser)
-    parser.add_argument("--through-proxy", action="store_true",
-                        help="send the requests through Ray Serve's HTTP proxy (seeder serve --through-proxy) instead of to the "
-                        "one replica, which answers HTTP itself by default")
+    parser.add_argument(
+        "--through-proxy",
+        action="store_true",
+        help="send the requests through Ray Serve's HTTP proxy (seeder serve --through-proxy) instead of to the "
+        "one replica, which answers HTTP itself by default",
+    )
     parser.add_argument("--skip-serve", action="store_true", help="measure the API only")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (cpu, cuda)")
     args = parser.parse_args()
@@ -153,11 +171,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from seeder import Retriever
-    from seeder.embed import is_gpu
+    from seeder.features.embed import is_gpu
 
     start = time.perf_counter()
-    retriever = Retriever.load(args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision,
-                               compiled=args.compile, device=args.device)
+    retriever = Retriever.load(
+        args.model, artifacts=args.artifacts, encoder_precision=args.encoder_precision, compiled=args.compile, device=args.device
+    )
     load_s = time.perf_counter() - start
     questions = retriever.artifacts.dataset.queries_of(args.split).column("text").to_pylist()
     rng = np.random.default_rng(0)
@@ -165,8 +184,10 @@ def main() -> None:
     start = time.perf_counter()
     retriever.warm_up()
     warm_s = time.perf_counter() - start
-    print(f"model {args.model}: Retriever.load {load_s:.2f} s, warm_up {warm_s:.2f} s (builds the indexes"
-          + (", compiles the networks)" if args.compile else ")"))
+    print(
+        f"model {args.model}: Retriever.load {load_s:.2f} s, warm_up {warm_s:.2f} s (builds the indexes"
+        + (", compiles the networks)" if args.compile else ")")
+    )
 
     def measure(runs: dict[str, Retriever]) -> dict[str, tuple[float, float]]:
         """p50 of one question per call and questions/s in batches, for every retriever of ``runs``:
@@ -208,8 +229,10 @@ def main() -> None:
     p50, rate = results[chosen]
     for label, (ref_p50, ref_rate) in results.items():
         if label != chosen:
-            print(f"{retriever.query_precision} / {runs[label].query_precision}: p50 {ref_p50 / p50:.2f}x faster, "
-                  f"batches {rate / ref_rate:.2f}x the questions/s (measured interleaved)")
+            print(
+                f"{retriever.query_precision} / {runs[label].query_precision}: p50 {ref_p50 / p50:.2f}x faster, "
+                f"batches {rate / ref_rate:.2f}x the questions/s (measured interleaved)"
+            )
     del runs  # the reference's memory back before the service starts
     if args.skip_serve:
         return
@@ -220,12 +243,32 @@ def main() -> None:
     cpus = args.cpus_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     answered_by = "Serve's proxy" if args.through_proxy or args.replicas > 1 else "the replica itself"
     print(f"seeder serve: {args.replicas} replica(s) of {cpus:g} CPU(s); HTTP answered by {answered_by}")
-    proc = subprocess.Popen([seeder, "serve", "--model", args.model, "--port", str(port), "--replicas", str(args.replicas),
-                             "--cpus-per-replica", str(cpus), "--encoder-precision", args.encoder_precision, "--device", args.device,
-                             *(["--gpus-per-replica", "1"] if is_gpu(args.device) else []),
-                             *(["--compile"] if args.compile else []),
-                             *(["--through-proxy"] if args.through_proxy else []),
-                             "--ready-file", str(ready), *(["--artifacts", args.artifacts] if args.artifacts else [])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            seeder,
+            "serve",
+            "--model",
+            args.model,
+            "--port",
+            str(port),
+            "--replicas",
+            str(args.replicas),
+            "--cpus-per-replica",
+            str(cpus),
+            "--encoder-precision",
+            args.encoder_precision,
+            "--device",
+            args.device,
+            *(["--gpus-per-replica", "1"] if is_gpu(args.device) else []),
+            *(["--compile"] if args.compile else []),
+            *(["--through-proxy"] if args.through_proxy else []),
+            "--ready-file",
+            str(ready),
+            *(["--artifacts", args.artifacts] if args.artifacts else []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while not ready.exists():
             if proc.poll() is not None:
@@ -245,20 +288,29 @@ def main() -> None:
                 by_form[form] += latencies
                 errors += failed
         for form, latencies in by_form.items():
-            print(f"serve, 1 client, one question per {form} request ({len(latencies)}): {percentiles(latencies)}, "
-                  f"{errors} errors in both")
+            print(
+                f"serve, 1 client, one question per {form} request ({len(latencies)}): {percentiles(latencies)}, "
+                f"{errors} errors in both"
+            )
         latencies, errors, _ = load_clients(url, payloads, 1, keep_alive=False)
-        print(f"serve, 1 client, one question per request, a new connection each ({len(latencies)}): "
-              f"{percentiles(latencies)}, {errors} errors")
+        print(
+            f"serve, 1 client, one question per request, a new connection each ({len(latencies)}): "
+            f"{percentiles(latencies)}, {errors} errors"
+        )
         latencies, errors, wall = load_clients(url, payloads, args.clients)
-        print(f"serve, {args.clients} clients, one question per request: {len(payloads) / wall:.0f} questions/s, "
-              f"{percentiles(latencies)}, {errors} errors")
-        batched = [{"questions": questions[i : i + args.request_batch], "k": 10}
-                   for i in range(0, len(questions), args.request_batch)]
+        print(
+            f"serve, {args.clients} clients, one question per request: {len(payloads) / wall:.0f} questions/s, "
+            f"{percentiles(latencies)}, {errors} errors"
+        )
+        batched = [
+            {"questions": questions[i : i + args.request_batch], "k": 10} for i in range(0, len(questions), args.request_batch)
+        ]
         latencies, errors, wall = load_clients(url, batched * 2, 4)
         total = 2 * sum(len(p["questions"]) for p in batched)
-        print(f"serve, 4 clients, {args.request_batch} questions per request: {total / wall:.0f} questions/s, "
-              f"{percentiles(latencies)} per request, {errors} errors")
+        print(
+            f"serve, 4 clients, {args.request_batch} questions per request: {total / wall:.0f} questions/s, "
+            f"{percentiles(latencies)} per request, {errors} errors"
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:

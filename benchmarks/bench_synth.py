@@ -35,7 +35,7 @@ np.save(out + "/rel.npy", np.repeat(np.arange(k, dtype=np.int32), n))
 REWRITE = """
 import json, sys, time
 import pyarrow.parquet as pq
-from seeder.store import build_csr, write_dataset
+from seeder.data.store import build_csr, write_dataset
 src_dir, out = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 tables = [pq.read_table(f"{src_dir}/{name}.parquet") for name in ("nodes", "relations", "edges", "queries")]
@@ -65,8 +65,24 @@ def run_child(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def synth_cmd(out: Path, nodes: int, relations: int, queries: int) -> list[str]:
-    return [sys.executable, "-m", "seeder.cli", "synth", "--out", str(out), "--nodes", str(nodes), "--relations",
-            str(relations), "--queries", str(queries), "--hubs", "0", "--multi-answer-frac", "0"]
+    return [
+        sys.executable,
+        "-m",
+        "seeder.cli",
+        "synth",
+        "--out",
+        str(out),
+        "--nodes",
+        str(nodes),
+        "--relations",
+        str(relations),
+        "--queries",
+        str(queries),
+        "--hubs",
+        "0",
+        "--multi-answer-frac",
+        "0",
+    ]
 
 
 def main() -> None:
@@ -81,21 +97,29 @@ def main() -> None:
         small_wall, small_rss, _ = run_child(synth_cmd(tmp / "small", args.nodes // 10, args.relations, args.queries // 10))
         wall, rss, _ = run_child(synth_cmd(tmp / "full", args.nodes, args.relations, args.queries))
         (tmp / "floor").mkdir()
-        floor_wall, floor_rss, _ = run_child([sys.executable, "-c", FLOOR, str(args.nodes), str(args.relations), str(tmp / "floor")])
+        floor_wall, floor_rss, _ = run_child(
+            [sys.executable, "-c", FLOOR, str(args.nodes), str(args.relations), str(tmp / "floor")]
+        )
         re_wall, re_rss, out = run_child([sys.executable, "-c", REWRITE, str(tmp / "full"), str(tmp / "rewrite")])
         phases = json.loads(out)
         size_mb = sum(p.stat().st_size for p in (tmp / "full").rglob("*") if p.is_file()) / 2**20
 
     print(f"seeder synth: {args.nodes:,} nodes, {edges:,} edges, {args.queries:,} queries ({size_mb:,.0f} MiB on disk)")
     print(f"  wall {wall:.2f} s   peak RSS {rss:,.0f} MiB   ({rss * 2**20 / edges:.0f} bytes per edge)")
-    print(f"  1/10 size reference: wall {small_wall:.2f} s, peak RSS {small_rss:,.0f} MiB "
-          f"-> time x{wall / small_wall:.1f} and memory x{rss / small_rss:.1f} for 10x the size")
-    print(f"  numpy floor (permutations + np.save): wall {floor_wall:.2f} s, peak RSS {floor_rss:,.0f} MiB "
-          f"-> synth costs x{wall / floor_wall:.1f} the floor's time, x{rss / floor_rss:.1f} its memory")
+    print(
+        f"  1/10 size reference: wall {small_wall:.2f} s, peak RSS {small_rss:,.0f} MiB "
+        f"-> time x{wall / small_wall:.1f} and memory x{rss / small_rss:.1f} for 10x the size"
+    )
+    print(
+        f"  numpy floor (permutations + np.save): wall {floor_wall:.2f} s, peak RSS {floor_rss:,.0f} MiB "
+        f"-> synth costs x{wall / floor_wall:.1f} the floor's time, x{rss / floor_rss:.1f} its memory"
+    )
     print(f"import -> CSR write (child reads the {edges:,}-edge tables back and writes a dataset):")
-    print(f"  read Parquet {phases['read_s']:.2f} s, build_csr alone {phases['csr_s']:.2f} s, "
-          f"write_dataset (validate + Parquet + CSR + manifest) {phases['write_dataset_s']:.2f} s; "
-          f"child wall {re_wall:.2f} s, peak RSS {re_rss:,.0f} MiB")
+    print(
+        f"  read Parquet {phases['read_s']:.2f} s, build_csr alone {phases['csr_s']:.2f} s, "
+        f"write_dataset (validate + Parquet + CSR + manifest) {phases['write_dataset_s']:.2f} s; "
+        f"child wall {re_wall:.2f} s, peak RSS {re_rss:,.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

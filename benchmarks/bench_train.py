@@ -28,13 +28,13 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from seeder.config import load_config, training_config, SeederConfig  # noqa: E402
-from seeder.losses import bpr_loss, reinforce_loss  # noqa: E402
-from seeder.rollout import Rollout, recall_of_sets  # noqa: E402
-from seeder.inference import QueryData  # noqa: E402
-from seeder.subgraphs import SubgraphSet  # noqa: E402
-from seeder.synth import toy_task  # noqa: E402
-from seeder.train import build_state, steps_per_epoch, train_step, trainable_queries  # noqa: E402
+from seeder.config import SeederConfig, load_config, training_config  # noqa: E402
+from seeder.data.subgraphs import SubgraphSet  # noqa: E402
+from seeder.policy.inference import QueryData  # noqa: E402
+from seeder.policy.losses import bpr_loss, reinforce_loss  # noqa: E402
+from seeder.policy.rollout import Rollout, recall_of_sets  # noqa: E402
+from seeder.policy.toy import toy_task  # noqa: E402
+from seeder.training.loop import build_state, steps_per_epoch, train_step, trainable_queries  # noqa: E402
 
 
 def save_sample(data: QueryData, index: np.ndarray, path: str) -> None:
@@ -48,7 +48,8 @@ def save_sample(data: QueryData, index: np.ndarray, path: str) -> None:
     arrays["answers"] = inverse[len(part.nodes) :].astype(np.int32)
     arrays["splits"] = np.asarray(part.splits, dtype=str)
     np.savez_compressed(
-        path, node_features=np.asarray(data.node_features[used], dtype=np.float16),
+        path,
+        node_features=np.asarray(data.node_features[used], dtype=np.float16),
         relation_features=np.asarray(data.relation_features, dtype=np.float32),
         query_features=np.asarray(data.query_features[index], dtype=np.float32),
         **{f"subgraphs.{k}": v for k, v in arrays.items()},
@@ -61,15 +62,16 @@ def load_sample(path: str) -> QueryData:
         sub["splits"] = sub["splits"].astype(object)
         sub["nodes"] = sub["nodes"].astype(np.int64)
         sub["answers"] = sub["answers"].astype(np.int64)
-        return QueryData(np.asarray(f["node_features"], dtype=np.float32), f["relation_features"],
-                         f["query_features"], SubgraphSet(**sub))
+        return QueryData(
+            np.asarray(f["node_features"], dtype=np.float32), f["relation_features"], f["query_features"], SubgraphSet(**sub)
+        )
 
 
 def load(args) -> tuple[QueryData, SeederConfig, str]:
     if args.sample:
         return load_sample(args.sample), load_config(args.config, args.overrides), f"{args.sample} (saved queries)"
     if args.artifacts:
-        from seeder.artifacts import open_artifacts
+        from seeder.preprocessing.artifacts import open_artifacts
 
         artifacts = open_artifacts(args.artifacts)
         config = training_config(artifacts.config, args.config, args.overrides)
@@ -83,15 +85,16 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_batched(data: QueryData, config: SeederConfig, pool: np.ndarray, steps: int, device: torch.device,
-                 profile: str | None = None):
+def time_batched(
+    data: QueryData, config: SeederConfig, pool: np.ndarray, steps: int, device: torch.device, profile: str | None = None
+):
     """Trajectories/s of ``steps`` optimisation steps after 2 warm-up steps (the trainer as it runs)."""
     cfg = config.train
     state = build_state(config, data.feature_dim, steps_per_epoch(data, config))
     state.model.to(device)  # in place: the optimiser keeps the same parameters
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     data = data.on(device)
-    batches = [pool[(i * cfg.batch_size) % len(pool):][: cfg.batch_size] for i in range(steps + 2)]
+    batches = [pool[(i * cfg.batch_size) % len(pool) :][: cfg.batch_size] for i in range(steps + 2)]
     for index in batches[:2]:  # warm-up (allocator, kernels, autotuning)
         train_step(state, data.batch(index).to(device), relation_features)
     synchronize(device)
@@ -105,7 +108,8 @@ def time_batched(data: QueryData, config: SeederConfig, pool: np.ndarray, steps:
     synchronize(device)
     seconds = time.perf_counter() - start
     if profile:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with torch_profile(activities=activities) as prof:
@@ -125,16 +129,21 @@ def main() -> None:
     parser.add_argument("--artifacts", help="preprocessing artifacts (MetaQA); default: a synthetic task")
     parser.add_argument("--sample", help="a file written by --save-sample (instead of --artifacts)")
     parser.add_argument("--save-sample", help="write the timed queries to this file (.npz) and exit")
-    parser.add_argument("--sample-queries", type=int, default=0, help="queries --save-sample keeps (0: as many as "
-                        "the steps use; fewer are reused in turn)")
+    parser.add_argument(
+        "--sample-queries",
+        type=int,
+        default=0,
+        help="queries --save-sample keeps (0: as many as the steps use; fewer are reused in turn)",
+    )
     parser.add_argument("--config", help="YAML config with model/train keys")
     parser.add_argument("--steps", type=int, default=20, help="timed optimisation steps (after 2 warm-up steps)")
     parser.add_argument("--reference-queries", type=int, default=8, help="queries timed one trajectory at a time (0: skip)")
     parser.add_argument("--nodes", type=int, default=200, help="subgraph size of the synthetic task")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="torch device of the model and batches (cpu, cuda)")
-    parser.add_argument("--batch-sizes", default="", help="comma-separated train.batch_size values timed in turn "
-                        "(default: the config's)")
+    parser.add_argument(
+        "--batch-sizes", default="", help="comma-separated train.batch_size values timed in turn (default: the config's)"
+    )
     parser.add_argument("--profile", help="append a torch.profiler table of 3 steps per batch size to this file")
     parser.add_argument("--json", help="also write the batch sizes and their trajectories/s to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.batch_size=32")
@@ -154,11 +163,15 @@ def main() -> None:
     shown = pool[: max(batch_sizes) * args.steps]
     sizes = data.subgraphs.sizes[shown]
     edges = np.diff(data.subgraphs.edge_ptr)[shown]
-    print(f"data: {source}; {len(pool)} trainable queries; subgraph nodes mean {sizes.mean():.0f}, "
-          f"induced edges mean {edges.mean():.0f}")
-    print(f"config: M={cfg.num_trajectories} expansion_sizes={cfg.expansion_sizes} frontier_caps={cfg.frontier_caps} "
-          f"hidden={config.model.hidden_dim} layers={config.model.num_layers} device={device} "
-          f"threads={torch.get_num_threads()}")
+    print(
+        f"data: {source}; {len(pool)} trainable queries; subgraph nodes mean {sizes.mean():.0f}, "
+        f"induced edges mean {edges.mean():.0f}"
+    )
+    print(
+        f"config: M={cfg.num_trajectories} expansion_sizes={cfg.expansion_sizes} frontier_caps={cfg.frontier_caps} "
+        f"hidden={config.model.hidden_dim} layers={config.model.num_layers} device={device} "
+        f"threads={torch.get_num_threads()}"
+    )
     if device.type == "cuda":
         print(f"gpu: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
 
@@ -175,16 +188,27 @@ def main() -> None:
             torch.cuda.empty_cache()
             break
         memory = f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
-        print(f"batched:   batch_size={batch_size}: {rate:.0f} trajectories/s ({step_seconds * 1000:.0f} ms per step, batch building "
-              f"{load_seconds * 1000:.0f} ms{memory})")
+        print(
+            f"batched:   batch_size={batch_size}: {rate:.0f} trajectories/s ({step_seconds * 1000:.0f} ms per step, batch building "
+            f"{load_seconds * 1000:.0f} ms{memory})"
+        )
         rates.append(rate)
     if not rates:
         raise SystemExit("no batch size fitted on the device; pass smaller --batch-sizes")
     batched_rate = rates[0]
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"source": source, "threads": torch.get_num_threads(), "device": str(device),
-                       "batch_sizes": batch_sizes[: len(rates)], "trajectories_per_second": rates}, out, indent=2)
+            json.dump(
+                {
+                    "source": source,
+                    "threads": torch.get_num_threads(),
+                    "device": str(device),
+                    "batch_sizes": batch_sizes[: len(rates)],
+                    "trajectories_per_second": rates,
+                },
+                out,
+                indent=2,
+            )
 
     if args.reference_queries > 0:
         # Reference: one trajectory at a time, same model, same losses.
@@ -208,13 +232,17 @@ def main() -> None:
         synchronize(device)
         reference_seconds = time.perf_counter() - start
         reference_rate = len(reference) * cfg.num_trajectories / reference_seconds
-        print(f"reference: {len(reference) * cfg.num_trajectories} trajectories one at a time in {reference_seconds:.2f} s "
-              f"= {reference_rate:.0f} trajectories/s")
+        print(
+            f"reference: {len(reference) * cfg.num_trajectories} trajectories one at a time in {reference_seconds:.2f} s "
+            f"= {reference_rate:.0f} trajectories/s"
+        )
         print(f"speed-up of batching (batch_size={batch_sizes[0]}): {batched_rate / reference_rate:.1f}x")
     target = 20_000 if device.type == "cuda" else 500
     best = max(rates)
-    print(f"target >= {target} trajectories/s on {'a GPU' if device.type == 'cuda' else 'a 2-core CPU'}: "
-          f"{'met' if best >= target else 'NOT met'} ({best:.0f}, batch_size={batch_sizes[rates.index(best)]})")
+    print(
+        f"target >= {target} trajectories/s on {'a GPU' if device.type == 'cuda' else 'a 2-core CPU'}: "
+        f"{'met' if best >= target else 'NOT met'} ({best:.0f}, batch_size={batch_sizes[rates.index(best)]})"
+    )
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ always starts an embedded one). Paths given to a submitted job should be absolut
 copy of the working directory. ``--dataset`` and ``--out`` may be URIs (``s3://...``, ``file://...``):
 the dataset is fetched into each node's cache, and the artifacts are written in a local staging
 directory of the driver, each stage published as it finishes and the manifest last
-(``seeder.storage``). Nodes share no disk: Ray tasks read the dataset and the finished stages from
+(``seeder.system.storage``). Nodes share no disk: Ray tasks read the dataset and the finished stages from
 their locations and hand their results back through the object store. This file is only the Ray
-entry point; the work lives in ``seeder.preprocess``.
+entry point; the work lives in ``seeder.preprocessing.stages``.
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 
 from pipelines.ray_runtime import add_ray_arguments, start_ray
-from seeder import preprocess as pp
-from seeder.cli import HelpFormatter
-from seeder.embed import EncoderUDF
+from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
-from seeder.derive import derive_defaults, derive_unset, needs_derivation
-from seeder.io import DataError, now, output_lock, read_manifest, write_manifest
-from seeder.progress import Progress
-from seeder import storage
-from seeder.storage import is_uri, join, output_directory
-from seeder.store import KnowledgeGraph, open_dataset
+from seeder.data.store import KnowledgeGraph, open_dataset
+from seeder.features.embed import EncoderUDF
+from seeder.preprocessing import stages as pp
+from seeder.preprocessing.derive import derive_defaults, derive_unset, needs_derivation
+from seeder.system import storage
+from seeder.system.io import DataError, now, output_lock, read_manifest, write_manifest
+from seeder.system.progress import Progress
+from seeder.system.storage import is_uri, join, output_directory
 
 
 def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
@@ -108,7 +108,7 @@ def embedding_dataset(ray, table, ec, batch_rows: int):
     # A slow encoder on a busy machine can take long per block; progress is the blocks we get,
     # and Ray Data's default 30 min no-progress limit once killed a MiniLM run that was working.
     ds.context.execution_no_progress_timeout_s = 6 * 3600
-    # One progress display for the tool (seeder.progress), not Ray Data's per-operator bars or, off a
+    # One progress display for the tool (seeder.system.progress), not Ray Data's per-operator bars or, off a
     # terminal, its log line per operator every few seconds.
     ds.context.enable_progress_bars = False
     # Data flows once every actor of the pool is up: otherwise the first actor to start can take every
@@ -148,8 +148,12 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         if collector.unfinished():
             raise DataError(f"embed: the encoder returned incomplete blocks: {collector.unfinished()[:3]}")
     info = pp.finish_embed(work, kg)
-    return {**info, "encoder": config.embed.encoder, "texts_embedded_this_run": int(table.num_rows),
-            "texts_by_node": dict(sorted(by_node.items()))}
+    return {
+        **info,
+        "encoder": config.embed.encoder,
+        "texts_embedded_this_run": int(table.num_rows),
+        "texts_by_node": dict(sorted(by_node.items())),
+    }
 
 
 def project_shards(batch: dict[str, np.ndarray], shards: str, pca) -> dict[str, np.ndarray]:
@@ -163,8 +167,7 @@ def project_shards(batch: dict[str, np.ndarray], shards: str, pca) -> dict[str, 
     return {"id": ids, "features": np.concatenate([p[1] for p in parts]), "node": np.full(len(ids), node)}
 
 
-def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, embed_dir: Path,
-                 artifacts: str) -> dict:
+def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, embed_dir: Path, artifacts: str) -> dict:
     """The features stage: the PCA is fitted in the driver on its bounded sample, and every node
     shard is projected by a Ray Data map over the workers, which read the shards from the artifacts
     location; the driver places the rows it gets back into ``node.npy``."""
@@ -175,8 +178,13 @@ def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConf
     def project_nodes(names: list[str], pca):
         ds = data.from_items([{"shard": name} for name in names], override_num_blocks=len(names))
         ds.context.enable_progress_bars = False
-        ds = ds.map_batches(project_shards, fn_kwargs={"shards": join(artifacts, "embed", "nodes"), "pca": pca},
-                            batch_size=1, batch_format="numpy", num_cpus=1)
+        ds = ds.map_batches(
+            project_shards,
+            fn_kwargs={"shards": join(artifacts, "embed", "nodes"), "pca": pca},
+            batch_size=1,
+            batch_format="numpy",
+            num_cpus=1,
+        )
         with Progress(kg.num_nodes, "features", "rows") as bar:
             for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
                 nodes, rows = np.unique(batch["node"], return_counts=True)
@@ -202,8 +210,7 @@ def on_node(task, *args):
     return shard, {**info, "node": ray.get_runtime_context().get_node_id()}
 
 
-def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, artifacts: str, config: SeederConfig,
-                     args) -> dict:
+def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, artifacts: str, config: SeederConfig, args) -> dict:
     """One Ray task per block of queries; each reads the dataset and the finished stages from their
     locations (``dataset``, ``artifacts``) and returns its shard through the object store, and the
     driver writes it, so that no task touches a path of the driver. A rerun keeps finished shards."""
@@ -228,12 +235,15 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
                 done += 1
                 bar.update(int(result["queries"]))
                 pp.maybe_stop_for_test(stage.name, done)
-    return {"queries": int(len(query_ids)), "blocks": len(blocks), "blocks_this_run": len(todo),
-            "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
+    return {
+        "queries": int(len(query_ids)),
+        "blocks": len(blocks),
+        "blocks_this_run": len(todo),
+        "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())},
+    }
 
 
-def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, features: Path,
-              artifacts: str) -> dict:
+def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, features: Path, artifacts: str) -> dict:
     """The seeds stage, its dense search spread over Ray tasks of ``--query-block`` queries that read
     the node features from the artifacts location; entity linking and the choice among seeds stay in
     the driver (they read every question's text)."""
@@ -244,8 +254,12 @@ def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         index_ref = ray.put(index.to_bytes()) if index is not None else None  # one copy for every task
         config_dict = to_dict(config)
         starts = range(0, len(query_features), args.query_block)
-        pending = {remote.remote(pp.dense_seed_block, artifacts, query_features[s : s + args.query_block], config_dict,
-                                 search, index_ref): b for b, s in enumerate(starts)}
+        pending = {
+            remote.remote(
+                pp.dense_seed_block, artifacts, query_features[s : s + args.query_block], config_dict, search, index_ref
+            ): b
+            for b, s in enumerate(starts)
+        }
         parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         with Progress(len(query_features), "seeds", "queries") as bar:
             while pending:
@@ -264,10 +278,13 @@ def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python pipelines/preprocess.py", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--dataset", required=True, help="dataset directory or URI (from `seeder import` or `seeder synth`)")
-    parser.add_argument("--out", required=True, help="artifacts directory or URI (created; reruns resume and skip "
-                        "finished stages)")
-    parser.add_argument("--config", help="YAML config, e.g. configs/metaqa.yaml (default: derive the choices it "
-                        "would make from the training split)")
+    parser.add_argument(
+        "--out", required=True, help="artifacts directory or URI (created; reruns resume and skip finished stages)"
+    )
+    parser.add_argument(
+        "--config",
+        help="YAML config, e.g. configs/metaqa.yaml (default: derive the choices it would make from the training split)",
+    )
     add_ray_arguments(parser)
     parser.add_argument("--shard-rows", type=int, default=10_000, help="texts per embedding shard (resume granularity)")
     parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
@@ -301,15 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGraph, dataset: str, out: Path,
-               target: str) -> None:
+def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGraph, dataset: str, out: Path, target: str) -> None:
     """Every stage into the local directory ``out``; ``dataset`` and ``target`` are the locations
     recorded in the manifest and summary (URIs stay URIs)."""
     previous = read_manifest(out) if out.is_dir() else None
     if out.is_dir() and next(out.iterdir(), None) is not None and (previous or {}).get("kind") != "seeder-artifacts":
         # Resuming writes into an existing --out: only artifacts of this tool (or an empty folder) qualify.
-        raise DataError(f"{target}: exists and is not an artifacts directory of seeder (its manifest kind is "
-                        f"{(previous or {}).get('kind')!r}); choose another --out")
+        raise DataError(
+            f"{target}: exists and is not an artifacts directory of seeder (its manifest kind is "
+            f"{(previous or {}).get('kind')!r}); choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
     previous = previous or {}
@@ -351,8 +369,17 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
             recomputed.append(name)
         else:
             skipped = True
-        timer.record(name, done["seconds"], items, unit, detail, skipped=skipped, info=done.get("info", {}),
-                     verify_seconds=round(verify_seconds, 4), record_seconds=done.get("record_seconds"))
+        timer.record(
+            name,
+            done["seconds"],
+            items,
+            unit,
+            detail,
+            skipped=skipped,
+            info=done.get("info", {}),
+            verify_seconds=round(verify_seconds, 4),
+            record_seconds=done.get("record_seconds"),
+        )
         manifest["stages"][name] = {"fingerprint": fps[name], "skipped": skipped, "seconds": done["seconds"]}
         write_manifest(out, manifest)
         share_stage(name)
@@ -380,14 +407,29 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         return ray
 
     texts = sum(counts.values())
-    stage_run("embed", lambda s: run_embed(need_ray(), s, kg, config, args), texts, "texts",
-              f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries")
-    stage_run("features", lambda s: run_features(need_ray(), s, kg, config, out / "embed", inputs), texts, "rows",
-              f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows")
+    stage_run(
+        "embed",
+        lambda s: run_embed(need_ray(), s, kg, config, args),
+        texts,
+        "texts",
+        f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries",
+    )
+    stage_run(
+        "features",
+        lambda s: run_features(need_ray(), s, kg, config, out / "embed", inputs),
+        texts,
+        "rows",
+        f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows",
+    )
     if needs_derivation(config):
         features = out / "features"
-        config, lines = derive_defaults(kg, np.load(features / "node.npy", mmap_mode="r"), np.load(features / "query.npy"),
-                                        np.load(features / "query_ids.npy"), config)
+        config, lines = derive_defaults(
+            kg,
+            np.load(features / "node.npy", mmap_mode="r"),
+            np.load(features / "query.npy"),
+            np.load(features / "query_ids.npy"),
+            config,
+        )
         for line in lines:
             print(line, flush=True)
         pp.check_config(config)
@@ -395,25 +437,38 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         step_budget = {"expansion_sizes": config.train.expansion_sizes, "frontier_caps": config.train.frontier_caps}
         manifest.update(config=to_dict(config), fingerprints=fps, derived=lines, step_budget=step_budget)
         write_manifest(out, manifest)
-    stage_run("seeds", lambda s: run_seeds(need_ray(), s, kg, config, args, out / "features", inputs), counts["queries"],
-              "queries",
-              f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries")
+    stage_run(
+        "seeds",
+        lambda s: run_seeds(need_ray(), s, kg, config, args, out / "features", inputs),
+        counts["queries"],
+        "queries",
+        f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries",
+    )
     if "paths" in fps:
         train_count = len(pp.train_query_ids(kg))
-        stage_run("paths", lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), dataset,
-                                                      inputs, config, args), train_count, "queries",
-                  f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries")
-        stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries",
-                  "relation-path prior fitted")
+        stage_run(
+            "paths",
+            lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), dataset, inputs, config, args),
+            train_count,
+            "queries",
+            f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries",
+        )
+        stage_run(
+            "prior", lambda s: pp.run_prior(out, s.open(), kg, config), train_count, "queries", "relation-path prior fitted"
+        )
         for line in pp.path_summary(out, kg):
             print(line)
-    stage_run("subgraphs", lambda s: run_query_blocks(need_ray(), s, pp.expand_block,
-                                                      np.load(out / "features" / "query_ids.npy"), dataset, inputs,
-                                                      config, args),
-              counts["queries"],
-              "subgraphs", f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)")
+    stage_run(
+        "subgraphs",
+        lambda s: run_query_blocks(
+            need_ray(), s, pp.expand_block, np.load(out / "features" / "query_ids.npy"), dataset, inputs, config, args
+        ),
+        counts["queries"],
+        "subgraphs",
+        f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)",
+    )
 
-    from seeder.subgraphs import SubgraphSet
+    from seeder.data.subgraphs import SubgraphSet
 
     subgraphs = SubgraphSet.read(out / "subgraphs")
     ceiling = pp.ceilings(subgraphs, kg)
@@ -422,8 +477,13 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         "artifacts": target,
         "finished": now(),
         "wall_seconds": round(time.perf_counter() - total_start, 3),
-        "counts": {**counts, "edges": kg.num_edges, "subgraph_nodes": int(subgraphs.sizes.sum()),
-                   "subgraph_edges": int(subgraphs.edge_ptr[-1]), "mean_subgraph_size": float(subgraphs.sizes.mean()) if len(subgraphs) else 0.0},
+        "counts": {
+            **counts,
+            "edges": kg.num_edges,
+            "subgraph_nodes": int(subgraphs.sizes.sum()),
+            "subgraph_edges": int(subgraphs.edge_ptr[-1]),
+            "mean_subgraph_size": float(subgraphs.sizes.mean()) if len(subgraphs) else 0.0,
+        },
         "stages": timer.stages,
         "ceiling": ceiling,
         "config": to_dict(config),

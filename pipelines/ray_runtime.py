@@ -34,7 +34,7 @@ QUIET_LOGGERS = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": "ERROR",
 }
 # The driver's routine notices: the token-auth default (token auth stays on), Ray Data's "progress bars
-# disabled" (we draw our own, seeder/progress.py) and its start/finish lines per dataset. Warnings and
+# disabled" (we draw our own, seeder/system/progress.py) and its start/finish lines per dataset. Warnings and
 # errors of these loggers still show; everything is in the session's log folder, printed at start-up.
 QUIET_DRIVER_LOGGERS = {
     "ray._private.authentication.authentication_token_setup": "ERROR",
@@ -65,8 +65,10 @@ def quiet_ray_loggers() -> None:
 # HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.
 # RAY_TRAIN_ENABLE_PRINT_PATCH=0: Ray Train would send a worker's print both to its stdout and through
 # the root logger, so every epoch line reached the terminal twice.
-RUNTIME_ENV = {"worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers",
-               "env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+RUNTIME_ENV = {
+    "worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers",
+    "env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"},
+}
 
 
 # Ray's C++ core worker logs one ERROR line for every actor whose constructor arguments sit in the
@@ -239,10 +241,21 @@ def stop_leftover_ray(who: str, grace_s: float = 3.0) -> list[int]:
     leftovers = leftover_ray_processes()
     if not leftovers:
         return []
-    names = sorted({next((os.path.basename(arg) for arg in cmdline.split(" ")[1:] if arg.endswith(".py")),
-                         os.path.basename(cmdline.split(" ", 1)[0])) for cmdline in leftovers.values()})
-    print(f"{who}: stopping {len(leftovers)} Ray process(es) left by an earlier run that was killed: "
-          f"{', '.join(names)} (pids {', '.join(map(str, sorted(leftovers)))})", file=sys.stderr, flush=True)
+    names = sorted(
+        {
+            next(
+                (os.path.basename(arg) for arg in cmdline.split(" ")[1:] if arg.endswith(".py")),
+                os.path.basename(cmdline.split(" ", 1)[0]),
+            )
+            for cmdline in leftovers.values()
+        }
+    )
+    print(
+        f"{who}: stopping {len(leftovers)} Ray process(es) left by an earlier run that was killed: "
+        f"{', '.join(names)} (pids {', '.join(map(str, sorted(leftovers)))})",
+        file=sys.stderr,
+        flush=True,
+    )
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in leftovers:
             try:
@@ -284,8 +297,15 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
         try:
             quiet_driver_loggers()
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=True, runtime_env=RUNTIME_ENV, logging_level=logging.WARNING)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=True,
+                runtime_env=RUNTIME_ENV,
+                logging_level=logging.WARNING,
+            )
             filter_forwarded_worker_lines()
             print_log_folder(ray, who)
             return ray
@@ -301,18 +321,23 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, who: str 
 
 def worker_nodes(ray) -> int:
     """Alive nodes of the cluster that can run work (CPUs or GPUs to offer)."""
-    return sum(1 for node in ray.nodes() if node.get("Alive") and
-               (node.get("Resources", {}).get("CPU", 0) > 0 or node.get("Resources", {}).get("GPU", 0) > 0))
+    return sum(
+        1
+        for node in ray.nodes()
+        if node.get("Alive") and (node.get("Resources", {}).get("CPU", 0) > 0 or node.get("Resources", {}).get("GPU", 0) > 0)
+    )
 
 
 def check_tracking_reaches_workers(ray, uri: str) -> None:
     """Raise a ``DataError`` when runs on other nodes could not log to ``uri``: a ``sqlite:`` or file
     store is a path of this node, and a training worker or a sweep trial runs on any node of a
     cluster. One node (an embedded local Ray) may use it."""
-    from seeder.io import DataError
+    from seeder.system.io import DataError
 
     if uri.startswith(("http://", "https://", "databricks")) or worker_nodes(ray) <= 1:
         return
-    raise DataError(f"MLflow store {uri} is a path of this node, and this cluster has {worker_nodes(ray)} nodes "
-                    "that run work: start `mlflow server --host 127.0.0.1 ...` on the head (see README, "
-                    "'Scaling out') and set MLFLOW_TRACKING_URI=http://HEAD:PORT for the job, or pass --no-mlflow")
+    raise DataError(
+        f"MLflow store {uri} is a path of this node, and this cluster has {worker_nodes(ray)} nodes "
+        "that run work: start `mlflow server --host 127.0.0.1 ...` on the head (see README, "
+        "'Scaling out') and set MLFLOW_TRACKING_URI=http://HEAD:PORT for the job, or pass --no-mlflow"
+    )

@@ -7,7 +7,7 @@ POST a JSON body ``{"questions": ["...", ...], "k": 10}`` (or ``{"question": "..
 ``http://127.0.0.1:PORT/``, or GET ``/?question=...&k=10`` (one ``question`` parameter per question).
 The reply is ``{"results": [{"question", "set_size", "nodes": [{"rank", "id", "name", "type", "score",
 "step"}], "triples": [[head, relation, tail], ...]}, ...]}``. Each replica loads the model once
-(``seeder.retriever.Retriever``) and ranks the questions of concurrent requests together
+(``seeder.serving.retriever.Retriever``) and ranks the questions of concurrent requests together
 (``serve.batch``), in one batched pass. A malformed body gets a 400 with the reason, a batch over
 ``--max-questions`` a 413; the service keeps running. It binds to 127.0.0.1 unless ``--host`` says
 otherwise, and joins a cluster with ``--ray-address`` (e.g. the one ``cluster/gpu.yaml`` brings up,
@@ -104,7 +104,7 @@ def bind_replica_grpc_to_loopback() -> None:
         return
 
     def on_loopback(server, address: str):
-        return original(server, "127.0.0.1" + address[len("[::]"):] if address.startswith("[::]:") else address)
+        return original(server, "127.0.0.1" + address[len("[::]") :] if address.startswith("[::]:") else address)
 
     on_loopback.loopback_only = True
     replica.add_port_to_grpc_server = on_loopback
@@ -123,7 +123,9 @@ def answer_on_the_replica(host: str, port: int) -> int:
     import socket
 
     with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the replica's server binds: closed connections do not count
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as the replica's server binds: closed connections do not count
         try:
             probe.bind((host, port))
         except OSError as exc:
@@ -142,21 +144,35 @@ def answer_on_the_replica(host: str, port: int) -> int:
     return proxy_port
 
 
-def build_app(model: str, artifacts: str | None, device: str, replicas: int, max_batch_size: int, batch_wait_ms: float,
-              max_questions: int, cpus_per_replica: float, gpus_per_replica: float, encoder_precision: str = "artifacts",
-              compiled: bool = False, loopback_only: bool = False):
+def build_app(
+    model: str,
+    artifacts: str | None,
+    device: str,
+    replicas: int,
+    max_batch_size: int,
+    batch_wait_ms: float,
+    max_questions: int,
+    cpus_per_replica: float,
+    gpus_per_replica: float,
+    encoder_precision: str = "artifacts",
+    compiled: bool = False,
+    loopback_only: bool = False,
+):
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    @serve.deployment(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
-                      max_ongoing_requests=max(64, 2 * max_batch_size))
+    @serve.deployment(
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
+        max_ongoing_requests=max(64, 2 * max_batch_size),
+    )
     class SeederRetriever:
         def __init__(self):
             import threadpoolctl
             import torch
 
-            from seeder.retriever import Retriever
+            from seeder.serving.retriever import Retriever
 
             if loopback_only:
                 bind_replica_grpc_to_loopback()
@@ -165,8 +181,9 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
             # the proxy and the batch's torch threads need: on 2 cores one BLAS thread took 50 clients from
             # 86 to 115 questions/s and 64-question requests from 236 to 261.
             threadpoolctl.threadpool_limits(1, user_api="blas")
-            self.retriever = Retriever.load(model, artifacts=artifacts, device=device, encoder_precision=encoder_precision,
-                                            compiled=compiled)
+            self.retriever = Retriever.load(
+                model, artifacts=artifacts, device=device, encoder_precision=encoder_precision, compiled=compiled
+            )
             self.max_k = self.retriever.ranking_length
             self.retriever.warm_up()  # encoder, name and graph indexes, compiled graphs: all before traffic
 
@@ -184,8 +201,9 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
 
         async def __call__(self, request: Request):
             if request.method not in ("POST", "GET"):
-                return JSONResponse({"error": 'POST a JSON body {"questions": ["..."], "k": 10} or GET /?question=...&k=10'},
-                                    status_code=405)
+                return JSONResponse(
+                    {"error": 'POST a JSON body {"questions": ["..."], "k": 10} or GET /?question=...&k=10'}, status_code=405
+                )
             try:
                 if request.method == "GET":
                     questions, k = parse_query(request.query_params, max_questions, self.max_k)
@@ -202,38 +220,54 @@ def build_app(model: str, artifacts: str | None, device: str, replicas: int, max
 
 
 def main(argv: list[str] | None = None) -> int:
-    from seeder.retriever import add_compile_argument, add_encoder_precision_argument
+    from seeder.cli.arguments import add_compile_argument, add_encoder_precision_argument
 
-    parser = argparse.ArgumentParser(prog="seeder serve", description="Serve a trained SeedER model over HTTP on Ray Serve.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="seeder serve",
+        description="Serve a trained SeedER model over HTTP on Ray Serve.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--model", required=True, help="model directory (RUN/model), runs:/ID/model or models:/NAME@ALIAS")
     parser.add_argument("--artifacts", help="artifacts to search (default: the ones the model was trained on)")
     parser.add_argument("--host", default="127.0.0.1", help="address the service binds to (loopback unless told otherwise)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
-    parser.add_argument("--proxy-location", choices=["EveryNode", "HeadOnly"], default="EveryNode",
-                        help="on a cluster, where Ray Serve's HTTP proxies run: on every node that holds a replica "
-                        "(behind a load balancer), or on the head alone (one address to call)")
-    parser.add_argument("--through-proxy", action="store_true",
-                        help="answer through Ray Serve's HTTP proxy even with one replica on the embedded Ray (with several "
-                        "replicas or a cluster it always does); by default that replica answers HTTP itself")
+    parser.add_argument(
+        "--proxy-location",
+        choices=["EveryNode", "HeadOnly"],
+        default="EveryNode",
+        help="on a cluster, where Ray Serve's HTTP proxies run: on every node that holds a replica "
+        "(behind a load balancer), or on the head alone (one address to call)",
+    )
+    parser.add_argument(
+        "--through-proxy",
+        action="store_true",
+        help="answer through Ray Serve's HTTP proxy even with one replica on the embedded Ray (with several "
+        "replicas or a cluster it always does); by default that replica answers HTTP itself",
+    )
     parser.add_argument("--replicas", type=int, default=1, help="replicas of the model")
     parser.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs per replica (also its torch threads)")
     parser.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per replica (use with --device cuda)")
     parser.add_argument("--device", default="cpu", help="torch device of each replica")
     parser.add_argument("--max-batch-size", type=int, default=64, help="questions of concurrent requests ranked together")
-    parser.add_argument("--batch-wait-ms", type=float, default=0.0,
-                        help="how long a replica waits to fill a batch; at 0 it ranks what has arrived, and requests "
-                        "that arrive meanwhile form the next batch (a lone request does not wait)")
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long a replica waits to fill a batch; at 0 it ranks what has arrived, and requests "
+        "that arrive meanwhile form the next batch (a lone request does not wait)",
+    )
     parser.add_argument("--max-questions", type=int, default=2048, help="questions allowed in one request (more: 413)")
-    parser.add_argument("--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray on loopback)")
+    parser.add_argument(
+        "--ray-address", help="Ray cluster to join (default: RAY_ADDRESS, else an embedded local Ray on loopback)"
+    )
     add_encoder_precision_argument(parser, defaults_shown=True)
     add_compile_argument(parser)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)  # tests and benchmarks: written once the app answers
     args = parser.parse_args(argv)
     if min(args.replicas, args.max_batch_size, args.max_questions) < 1 or args.batch_wait_ms < 0:
         parser.error("--replicas, --max-batch-size and --max-questions must be >= 1, --batch-wait-ms >= 0")
-    from seeder.checkpoint import load_model, locate
-    from seeder.io import DataError
+    from seeder.policy.checkpoint import load_model, locate
+    from seeder.system.io import DataError
 
     try:
         load_model(locate(args.model))  # a missing or broken model fails here, before Ray starts
@@ -255,9 +289,20 @@ def main(argv: list[str] | None = None) -> int:
 
     start_ray(args.ray_address, who="serve")
     serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": proxy_port})
-    app = build_app(args.model, args.artifacts, args.device, args.replicas, args.max_batch_size, args.batch_wait_ms,
-                    args.max_questions, args.cpus_per_replica, args.gpus_per_replica, args.encoder_precision,
-                    args.compile, loopback_only=loopback_only)
+    app = build_app(
+        args.model,
+        args.artifacts,
+        args.device,
+        args.replicas,
+        args.max_batch_size,
+        args.batch_wait_ms,
+        args.max_questions,
+        args.cpus_per_replica,
+        args.gpus_per_replica,
+        args.encoder_precision,
+        args.compile,
+        loopback_only=loopback_only,
+    )
     serve.run(app, name=APP_NAME, route_prefix="/")
     print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
     if args.ready_file:

@@ -54,8 +54,16 @@ def bind_store_to_loopback() -> None:
             sock.close()
             raise
         # The store owns the descriptor from here on (libuv backend: the only one taking a bound socket).
-        return TCPStore(host_name=hostname, port=port, world_size=world_size, is_master=True, timeout=timeout,
-                        multi_tenant=True, master_listen_fd=sock.detach(), use_libuv=True)
+        return TCPStore(
+            host_name=hostname,
+            port=port,
+            world_size=world_size,
+            is_master=True,
+            timeout=timeout,
+            multi_tenant=True,
+            master_listen_fd=sock.detach(),
+            use_libuv=True,
+        )
 
     setattr(create_store, _MARK, True)
     rendezvous._create_c10d_store = create_store

@@ -21,8 +21,8 @@ retried the same way (``--max-failures``). So ``--resume`` reruns the same comma
 existing run under ``STORAGE/NAME`` is an error rather than a silent continuation.
 
 This file holds only the Ray side (worker setup, the gradient all-reduce, reporting); the epoch loop,
-the validation, the best rule and the checkpoint format are ``seeder.train.fit`` and
-``seeder.checkpoint``, shared with ``python -m seeder.train`` and the sweep.
+the validation, the best rule and the checkpoint format are ``seeder.training.loop.fit`` and
+``seeder.policy.checkpoint``, shared with ``python -m seeder.training.loop`` and the sweep.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from pipelines.ray_runtime import add_ray_arguments, check_tracking_reaches_workers, cluster_address, start_ray
 from seeder import tracking
-from seeder.cli import HelpFormatter
+from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
-from seeder.io import DataError
-from seeder.storage import fetch, is_uri, join
+from seeder.system.io import DataError
+from seeder.system.storage import fetch, is_uri, join
 
-CHECKPOINT_DIR = "checkpoint"  # inside a Ray checkpoint: a seeder.checkpoint training checkpoint
+CHECKPOINT_DIR = "checkpoint"  # inside a Ray checkpoint: a seeder.policy.checkpoint training checkpoint
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"  # Ray Train V2's record of a run's checkpoints
 EXIT_AFTER_EPOCH_ENV = "SEEDER_TRAIN_EXIT_AFTER_EPOCH"  # test hook: rank 0 dies after this epoch's checkpoint
 
@@ -85,14 +85,14 @@ def run_exists(storage: str, name: str) -> bool:
 
 def open_all(artifacts: str) -> list:
     """The artifacts of a run: one location, or several joined by commas (one model for several graphs)."""
-    from seeder.artifacts import open_artifacts
+    from seeder.preprocessing.artifacts import open_artifacts
 
     return [open_artifacts(fetch(location)) for location in artifacts.split(",")]
 
 
 def query_data(opened: list, split: str):
     """One ``QueryData`` over every graph's ``split`` (``QueryData.concat``)."""
-    from seeder.inference import QueryData
+    from seeder.policy.inference import QueryData
 
     return QueryData.concat([QueryData.from_artifacts(a, split) for a in opened])
 
@@ -104,19 +104,27 @@ def step_budget_of(opened: list) -> dict | None:
     if any(b is None for b in budgets):
         return None
     steps = max(len(b["expansion_sizes"]) for b in budgets)
-    return {key: [max(b[key][t] for b in budgets if t < len(b[key])) for t in range(steps)]
-            for key in ("expansion_sizes", "frontier_caps")}
+    return {
+        key: [max(b[key][t] for b in budgets if t < len(b[key])) for t in range(steps)]
+        for key in ("expansion_sizes", "frontier_caps")
+    }
 
 
 def prepare_job(
-    artifacts: str | list[str], config_path: str | None, overrides: list[str], out: str, num_workers: int,
-    storage: str | None = None, name: str | None = None, resume: bool = False,
+    artifacts: str | list[str],
+    config_path: str | None,
+    overrides: list[str],
+    out: str,
+    num_workers: int,
+    storage: str | None = None,
+    name: str | None = None,
+    resume: bool = False,
 ) -> TrainingJob:
     """Validate everything a run needs (artifacts, config, splits, sizes, earlier run) without Ray.
     Several artifacts train one model on all their graphs: they need one feature space (each built with
     ``reduce.dim=0`` and the same encoder); the first one's preprocessing config is the model's."""
-    from seeder.checkpoint import artifact_feature_space
-    from seeder.train import check_config, trainable_queries
+    from seeder.policy.checkpoint import artifact_feature_space
+    from seeder.training.loop import check_config, trainable_queries
 
     if num_workers < 1:
         raise ConfigError(f"--num-workers {num_workers}: need at least 1")
@@ -132,12 +140,18 @@ def prepare_job(
     every = open_all(artifacts)
     spaces = {artifact_feature_space(a) for a in every}
     if len(every) > 1 and (None in spaces or len(spaces) > 1):
-        raise DataError(f"--artifacts {' '.join(locations)}: one model for several graphs needs one feature space; "
-                        "build each with reduce.dim=0 and the same encoder")
+        raise DataError(
+            f"--artifacts {' '.join(locations)}: one model for several graphs needs one feature space; "
+            "build each with reduce.dim=0 and the same encoder"
+        )
     opened = every[0]
     config = training_config(opened.config, config_path, overrides, step_budget_of(every))
     check_config(config)
-    if config.train.init_from and not is_uri(config.train.init_from) and not config.train.init_from.startswith(("runs:/", "models:/")):
+    if (
+        config.train.init_from
+        and not is_uri(config.train.init_from)
+        and not config.train.init_from.startswith(("runs:/", "models:/"))
+    ):
         start = Path(config.train.init_from).resolve()  # workers do not share the driver's directory
         if not start.is_dir():
             raise DataError(f"train.init_from={config.train.init_from}: no such model directory; pass RUN/model")
@@ -171,7 +185,7 @@ class GradientAverage:
 
     The policy is driven through its methods (encode_nodes, propagate, expansion_logits, scores), not
     ``forward``, and DDP only arms its reducer in ``forward``; so gradients are averaged explicitly.
-    ``seeder.train.train_step`` clips each rank's gradient before this runs (per-rank clipping; with one
+    ``seeder.training.loop.train_step`` clips each rank's gradient before this runs (per-rank clipping; with one
     worker this is exactly the Ray-free run's clipping).
 
     ``delayed`` (``train.delayed_allreduce``): the step's gradients are all-reduced in the background
@@ -244,7 +258,7 @@ def _wait_for_registration(experiment_dir: str, checkpoint_dir_name: str, timeou
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train worker: restore or build the state, then ``seeder.train.fit`` on this rank's slice of
+    """Ray Train worker: restore or build the state, then ``seeder.training.loop.fit`` on this rank's slice of
     each epoch, with the gradient and metric averages over ranks; rank 0 validates, logs to MLflow
     and reports a checkpoint per epoch."""
     import ray.train
@@ -252,8 +266,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
-    from seeder import checkpoint as ckpt
-    from seeder import train as lib
+    from seeder.policy import checkpoint as ckpt
+    from seeder.training import loop as lib
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -275,8 +289,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if rank == 0:
             print(f"resumed from checkpoint after epoch {state.epoch} ({checkpoint.path})", flush=True)
     else:
-        state = lib.build_state(config, train_data.feature_dim, lib.steps_per_epoch(train_data, config, world),
-                                ckpt.graphs_record(every, loop_config["artifacts"].split(",")))
+        state = lib.build_state(
+            config,
+            train_data.feature_dim,
+            lib.steps_per_epoch(train_data, config, world),
+            ckpt.graphs_record(every, loop_config["artifacts"].split(",")),
+        )
     # Device placement only: see GradientAverage for why not DDP's wrapper.
     state.model = ray.train.torch.prepare_model(state.model, parallel_strategy=None)
     for slot in state.optimizer.state.values():  # a restored optimiser's moments follow the model
@@ -305,8 +323,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             print(lib.epoch_line(metrics, config.train.epochs), flush=True)
             with tempfile.TemporaryDirectory() as directory:
                 lib.save_state(state, Path(directory) / CHECKPOINT_DIR)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
-                                 checkpoint_dir_name=name)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory), checkpoint_dir_name=name)
         else:
             ray.train.report(metrics, checkpoint=None, checkpoint_dir_name=name)
         if exit_after and state.epoch == exit_after and rank == 0:
@@ -361,13 +378,11 @@ def run_training(
         train_loop_per_worker,
         train_loop_config=loop_config,
         torch_config=LoopbackTorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}
-        ),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}),
         run_config=RunConfig(
             name=name,
             storage_path=storage,
-            # The latest checkpoint carries the best weights so far (seeder.train.save_state), so the
+            # The latest checkpoint carries the best weights so far (seeder.training.loop.save_state), so the
             # two latest are all a run needs, to resume and to export its best model.
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             failure_config=FailureConfig(max_failures=max_failures),
@@ -380,7 +395,7 @@ def run_training(
 
 def final_state(result, where: str):
     """The training state of a finished Ray Train run's latest checkpoint (it carries the best weights)."""
-    from seeder import train as lib
+    from seeder.training import loop as lib
 
     if result.checkpoint is None:
         raise DataError(f"{where}: the run reported no checkpoint")
@@ -391,8 +406,8 @@ def final_state(result, where: str):
 def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
     """Write the best model to OUT/model, the history and the curve, and hand the model and the plot
     to the MLflow run."""
-    from seeder import checkpoint as ckpt
-    from seeder import train as lib
+    from seeder.policy import checkpoint as ckpt
+    from seeder.training import loop as lib
 
     state = final_state(result, experiment_path(job.storage, job.name))
     job.out.mkdir(parents=True, exist_ok=True)
@@ -400,8 +415,13 @@ def finish_run(result, job: TrainingJob, run=None) -> dict[str, Any]:
     (job.out / "history.json").write_text(json.dumps(state.history, indent=2))
     tracking.plot_training_curves(state.history, job.out / "training_curve.png")
     best_row = state.history[state.best_epoch - 1] if state.best_epoch else state.history[-1]
-    summary = {"best_epoch": state.best_epoch, "best_val_recall_at_20": best_row.get("val_recall_at_20", float("nan")),
-               "best_val_mrr": best_row.get("val_mrr", float("nan")), "epochs": len(state.history), "best": str(model_dir)}
+    summary = {
+        "best_epoch": state.best_epoch,
+        "best_val_recall_at_20": best_row.get("val_recall_at_20", float("nan")),
+        "best_val_mrr": best_row.get("val_mrr", float("nan")),
+        "epochs": len(state.history),
+        "best": str(model_dir),
+    }
     if run is not None:
         run.finish(model_dir, state.history)  # the model's description records its epoch and metrics
     return summary
@@ -413,20 +433,31 @@ def local_shortfall(resources: dict, num_workers: int, use_gpu: bool, cpus_per_w
     only the local case is checked."""
     gpus, cpus = int(resources.get("GPU", 0)), float(resources.get("CPU", 0))
     if use_gpu and gpus < num_workers:
-        return (f"--use-gpu with {num_workers} worker(s) needs {num_workers} GPU(s) and this machine has {gpus}; "
-                f"pass --num-workers {gpus}" if gpus else "--use-gpu: this machine has no GPU that Ray can see; drop --use-gpu")
+        return (
+            f"--use-gpu with {num_workers} worker(s) needs {num_workers} GPU(s) and this machine has {gpus}; "
+            f"pass --num-workers {gpus}"
+            if gpus
+            else "--use-gpu: this machine has no GPU that Ray can see; drop --use-gpu"
+        )
     if num_workers * cpus_per_worker > cpus:
-        return (f"{num_workers} worker(s) x {cpus_per_worker:g} CPU(s) need {num_workers * cpus_per_worker:g} CPUs and the "
-                f"local Ray has {cpus:g}; lower --num-workers or --cpus-per-worker")
+        return (
+            f"{num_workers} worker(s) x {cpus_per_worker:g} CPU(s) need {num_workers * cpus_per_worker:g} CPUs and the "
+            f"local Ray has {cpus:g}; lower --num-workers or --cpus-per-worker"
+        )
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python pipelines/train.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("--artifacts", required=True, action="append",
-                        help="preprocessing artifacts directory or URI; repeat it to train one model on several "
-                             "graphs (each built with reduce.dim=0 and the same encoder)")
+    parser = argparse.ArgumentParser(
+        prog="python pipelines/train.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--artifacts",
+        required=True,
+        action="append",
+        help="preprocessing artifacts directory or URI; repeat it to train one model on several "
+        "graphs (each built with reduce.dim=0 and the same encoder)",
+    )
     parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing ones come from the artifacts")
     parser.add_argument("--num-workers", type=int, default=2, help="training workers (data-parallel ranks)")
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL")
@@ -442,23 +473,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. train.epochs=3 model.hidden_dim=64")
     args = parser.parse_args(argv)
     try:
-        job = prepare_job(args.artifacts, args.config, args.overrides, args.out, args.num_workers,
-                          args.storage, args.name, args.resume)
+        job = prepare_job(
+            args.artifacts, args.config, args.overrides, args.out, args.num_workers, args.storage, args.name, args.resume
+        )
         exit_after = int(os.environ.get(EXIT_AFTER_EPOCH_ENV, "0") or 0)
     except (DataError, ConfigError, ValueError) as exc:
         print(f"pipelines/train.py: error: {exc}", file=sys.stderr)
         return 2
     job.out.mkdir(parents=True, exist_ok=True)
-    print(f"training on {job.trainable:,} trainable queries ({job.val_queries:,} val), {args.num_workers} "
-          f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}; "
-          f"{len(job.config.train.expansion_sizes)} expansion steps of {job.config.train.expansion_sizes} nodes "
-          f"(frontier caps {job.config.train.frontier_caps})", flush=True)
+    print(
+        f"training on {job.trainable:,} trainable queries ({job.val_queries:,} val), {args.num_workers} "
+        f"worker(s), {job.config.train.epochs} epochs; Ray run {experiment_path(job.storage, job.name)}; "
+        f"{len(job.config.train.expansion_sizes)} expansion steps of {job.config.train.expansion_sizes} nodes "
+        f"(frontier caps {job.config.train.frontier_caps})",
+        flush=True,
+    )
     run = None
     if not args.no_mlflow:
         run = tracking.TrainingRun.start(
-            args.experiment, job.out.name, job.out, args.resume, job.config,
-            extra={"run.driver": "pipelines/train.py", "run.num_workers": args.num_workers, "run.use_gpu": args.use_gpu,
-                   "run.artifacts": job.artifacts})
+            args.experiment,
+            job.out.name,
+            job.out,
+            args.resume,
+            job.config,
+            extra={
+                "run.driver": "pipelines/train.py",
+                "run.num_workers": args.num_workers,
+                "run.use_gpu": args.use_gpu,
+                "run.artifacts": job.artifacts,
+            },
+        )
         print(f"MLflow run {run.run_id} in experiment '{args.experiment}' at {tracking.tracking_uri()}", flush=True)
     local = cluster_address(args.ray_address) is None
     try:
@@ -484,18 +528,31 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = run_training(
-            job.config, job.artifacts, storage=job.storage, name=job.name, num_workers=args.num_workers,
-            use_gpu=args.use_gpu, cpus_per_worker=args.cpus_per_worker, max_failures=args.max_failures,
-            mlflow_run_id=run.run_id if run else None, mlflow_uri=run.uri if run else None, exit_after_epoch=exit_after,
+            job.config,
+            job.artifacts,
+            storage=job.storage,
+            name=job.name,
+            num_workers=args.num_workers,
+            use_gpu=args.use_gpu,
+            cpus_per_worker=args.cpus_per_worker,
+            max_failures=args.max_failures,
+            mlflow_run_id=run.run_id if run else None,
+            mlflow_uri=run.uri if run else None,
+            exit_after_epoch=exit_after,
         )
     except ray.train.TrainingFailedError as exc:
-        print(f"pipelines/train.py: training failed: {exc}\nrerun the same command with --resume to continue "
-              "from the last checkpoint", file=sys.stderr)
+        print(
+            f"pipelines/train.py: training failed: {exc}\nrerun the same command with --resume to continue "
+            "from the last checkpoint",
+            file=sys.stderr,
+        )
         return 1
     summary = finish_run(result, job, run)
-    print(f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}, "
-          f"mrr {summary['best_val_mrr']:.4f}) -> "
-          f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts.split(',')[0]}")
+    print(
+        f"best epoch {summary['best_epoch']} (val recall@20 {summary['best_val_recall_at_20']:.4f}, "
+        f"mrr {summary['best_val_mrr']:.4f}) -> "
+        f"{summary['best']}; evaluate: seeder evaluate --method seeder --model {summary['best']} --artifacts {job.artifacts.split(',')[0]}"
+    )
     if run is not None:
         print(f"MLflow run {run.run_id}: model runs:/{run.run_id}/model; open the UI with: {tracking.ui_hint()}")
     return 0

@@ -30,7 +30,7 @@ seeder evaluate --artifacts "$OUT/artifacts" --split test \
 step "5/5 ask one question"
 question=$(python - "$OUT/dataset" <<'PY'
 import sys
-from seeder.store import open_dataset
+from seeder.data.store import open_dataset
 print(open_dataset(sys.argv[1]).queries_of("test").column("text")[0])
 PY
 )

@@ -15,7 +15,7 @@ __all__ = ["Retriever", "Hits", "__version__"]
 def __getattr__(name: str):
     # Lazy, so that `import seeder` stays cheap (no torch) for the CLI and the importers.
     if name in ("Retriever", "Hits"):
-        from seeder import retriever
+        from seeder.serving import retriever
 
         return getattr(retriever, name)
     raise AttributeError(f"module 'seeder' has no attribute {name!r}")

@@ -6,12 +6,12 @@ whose values are parsed as YAML scalars or lists.
 
 Each section is owned by one stage of the pipeline:
 
-- ``embed``, ``reduce``, ``seed``, ``expand``: preprocessing (``seeder.embed``, ``seeder.retrieve``)
-- ``model``: the policy network (``seeder.model``)
-- ``train``: REINFORCE + BPR training (``seeder.train``)
-- ``eval``: metrics and rankings (``seeder.metrics``)
-- ``synth``: the synthetic graph generator (``seeder.synth``)
-- ``questions``: questions generated from a graph's paths (``seeder.questions``)
+- ``embed``, ``reduce``, ``seed``, ``expand``: preprocessing (``seeder.features.embed``, ``seeder.retrieve``)
+- ``model``: the policy network (``seeder.policy.model``)
+- ``train``: REINFORCE + BPR training (``seeder.training.loop``)
+- ``eval``: metrics and rankings (``seeder.retrieve.metrics``)
+- ``synth``: the synthetic graph generator (``seeder.generate.synth``)
+- ``questions``: questions generated from a graph's paths (``seeder.generate.questions``)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ CpuPrecision = Literal["float32", "bfloat16", "int8"]
 SeedScreen = Literal["auto", "float32", "bfloat16"]
 SeedSearch = Literal["exact", "ann", "auto"]
 AUTO = "auto"
-"""The value of a choice that preprocessing derives from the training split (seeder.derive)."""
+"""The value of a choice that preprocessing derives from the training split (seeder.preprocessing.derive)."""
 
 
 def choices(kind: Any, auto: bool = False) -> tuple[str, ...]:
@@ -101,7 +101,7 @@ class EmbedConfig(Section):
     ``bfloat16`` halves MiniLM's time per text on CPUs with native bfloat16 (AVX512-BF16 or AMX: 2.0x on
     a Zen 4 core), with embeddings within cosine 0.9999 of float32; without native support it is
     emulated and slower. ``int8`` runs the linear layers as int8 GEMMs with per-token activation
-    scales (``seeder.bert.int8_linear``): 1.3-1.7x bfloat16 for one short question and for batches,
+    scales (``seeder.features.bert.int8_linear``): 1.3-1.7x bfloat16 for one short question and for batches,
     embeddings within cosine ~0.997 of float32. Part of the embed stage's fingerprint when not
     ``float32``. A retriever may encode questions in another format than its artifacts
     (``Retriever.load(encoder_precision=...)``)."""
@@ -110,7 +110,7 @@ class EmbedConfig(Section):
     max_seq_length: int = 256
     """Tokens kept per text by the transformer encoder."""
     backend: EncoderBackend = "auto"
-    """How a transformer encoder runs: ``torch`` (seeder.bert, plain torch for mean-pooled BERTs such as
+    """How a transformer encoder runs: ``torch`` (seeder.features.bert, plain torch for mean-pooled BERTs such as
     MiniLM: no transformers import, less Python per call), ``sentence-transformers``, or ``auto`` (torch
     where the model is such a BERT). Both give the same embeddings to float32 rounding, so the choice is
     not part of the embed stage's fingerprint."""
@@ -191,7 +191,7 @@ class ExpandConfig(Section):
     """B: nodes kept in each query's bounded subgraph, seeds included (paper: 100-200)."""
     hops: int = 2
     """K: hops of K-HOP-WITH-FILTERING; 0 (auto, together with ``keep_per_hop: []``) derives them from
-    the training split (seeder.derive)."""
+    the training split (seeder.preprocessing.derive)."""
     keep_per_hop: list[int] = field(default_factory=lambda: [60, 140])
     """b_h: nodes kept at each hop by filter score (the total is capped by ``budget``)."""
     neighbor_cap: int = 1_000
@@ -211,7 +211,7 @@ class ExpandConfig(Section):
     resident_features_gb: float = 4.0
     """Node-feature pages (GiB) one expansion worker keeps mapped from block to block. A block reads
     node rows from all over the features, so a worker would otherwise come to hold the whole file (10
-    GB at ten million nodes); past this it lets them go (seeder.mapped) and later blocks read theirs
+    GB at ten million nodes); past this it lets them go (seeder.system.mapped) and later blocks read theirs
     back from the page cache. Results do not depend on it."""
     relation_score: RelationScore = "cosine"
     """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
@@ -358,7 +358,7 @@ class TrainConfig(Section):
     batch) validation stayed within the seeds' spread; on the demo's graph (lr 5e-3, batch 8) test Hit@1
     fell from 0.995 to 0.820. One worker, and the Ray-free trainer, are unaffected."""
     num_threads: int = 0
-    """torch CPU threads of the Ray-free trainer (``python -m seeder.train``); 0 keeps torch's default.
+    """torch CPU threads of the Ray-free trainer (``python -m seeder.training.loop``); 0 keeps torch's default.
     On a shared, oversubscribed machine 1 can be many times faster than 2 (spinning OpenMP threads)."""
 
 
@@ -534,8 +534,12 @@ class BaselinesConfig(Section):
 
 
 FLAT_BASELINE_KEYS = {
-    "ego_hops": ("ego", "hops"), "ego_neighbor_cap": ("ego", "neighbor_cap"), "ego_max_nodes": ("ego", "max_nodes"),
-    "mmr_lambda": ("mmr", "relevance"), "rrf_k": ("hybrid", "rrf_k"), "hybrid_pool": ("hybrid", "pool"),
+    "ego_hops": ("ego", "hops"),
+    "ego_neighbor_cap": ("ego", "neighbor_cap"),
+    "ego_max_nodes": ("ego", "max_nodes"),
+    "mmr_lambda": ("mmr", "relevance"),
+    "rrf_k": ("hybrid", "rrf_k"),
+    "hybrid_pool": ("hybrid", "pool"),
 }
 """Configs written before the baselines had sub-sections (artifacts and models keep their config):
 ``baselines.<method>_<key>`` is read as ``baselines.<method>.<key>``; these are the irregular names."""
@@ -735,8 +739,10 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     if any(not part.strip() for part in parts):
-        raise ConfigError(f"override {_key(dotted) or repr(dotted)}=...: a dotted key needs a name between every dot "
-                          "(for example train.lr=3e-4)")
+        raise ConfigError(
+            f"override {_key(dotted) or repr(dotted)}=...: a dotted key needs a name between every dot "
+            "(for example train.lr=3e-4)"
+        )
     node = data
     for part in parts[:-1]:
         node = node.setdefault(part, {})
@@ -767,12 +773,21 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"override {_key(key.strip())}: value {_show(raw)} is not valid YAML "
-                              f"({yaml_problem(exc)}); quote it or fix it (lists are written [5,5])") from None
+            raise ConfigError(
+                f"override {_key(key.strip())}: value {_show(raw)} is not valid YAML "
+                f"({yaml_problem(exc)}); quote it or fix it (lists are written [5,5])"
+            ) from None
         except RecursionError:
             raise ConfigError(f"override {_key(key.strip())}: value nested too deeply") from None
         _set_dotted(data, key.strip(), value)
     return data
+
+
+def with_overrides(config: "SeederConfig", overrides: list[str] | None) -> "SeederConfig":
+    """``config`` with dotted ``overrides`` (``section.key=value``) applied, checked like a config file."""
+    if not overrides:
+        return config
+    return from_dict(SeederConfig, _merge(to_dict(config), parse_overrides(overrides)))
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -790,11 +805,15 @@ PREPROCESSING_SECTIONS = ("embed", "reduce", "seed", "expand", "prior")
 
 
 STEP_BUDGET_FIELDS = ("expansion_sizes", "frontier_caps")
-"""The policy's step budget in the train section, which preprocessing may derive (seeder.derive)."""
+"""The policy's step budget in the train section, which preprocessing may derive (seeder.preprocessing.derive)."""
 
 
-def training_config(artifacts_config: "SeederConfig", config_path: str | Path | None, overrides: list[str] | None,
-                    step_budget: dict[str, list[int]] | None = None) -> "SeederConfig":
+def training_config(
+    artifacts_config: "SeederConfig",
+    config_path: str | Path | None,
+    overrides: list[str] | None,
+    step_budget: dict[str, list[int]] | None = None,
+) -> "SeederConfig":
     """Model/train/eval settings from ``config_path`` + ``overrides``; the preprocessing sections always
     come from the artifacts' own config, since the subgraphs and features were built with them. A
     ``step_budget`` that preprocessing derived (``Artifacts.step_budget``) replaces the defaults of
@@ -835,8 +854,10 @@ def user_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {path} cannot be read ({exc.strerror or exc})") from None
         except UnicodeDecodeError as exc:
             line = raw[: exc.start].count(b"\n") + 1
-            raise ConfigError(f"config file {path}: line {line} is not valid UTF-8 (byte {raw[exc.start:exc.start + 1]!r}); "
-                              "save the file as UTF-8") from None
+            raise ConfigError(
+                f"config file {path}: line {line} is not valid UTF-8 (byte {raw[exc.start : exc.start + 1]!r}); "
+                "save the file as UTF-8"
+            ) from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from None
         except RecursionError:

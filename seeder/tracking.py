@@ -1,5 +1,6 @@
 """MLflow, spoken in one place: where runs go, training runs and sweep trials, the logged model,
-the registry, and the `seeder ui` command. No other module imports ``mlflow``.
+the registry, and the `seeder ui` command. No other module imports ``mlflow`` but
+``seeder.system.mlflow_store`` (the store rule and model URIs, which the model format needs too).
 
 **Tracking store, one rule:** ``MLFLOW_TRACKING_URI`` when set (e.g. ``http://127.0.0.1:5000`` for a
 real ``mlflow server``), else ``sqlite:///$PWD/runs/mlflow.db`` with artifacts in ``runs/mlartifacts``.
@@ -7,75 +8,35 @@ Reading a ``models:/`` or ``runs:/`` URI never creates a store: a missing one is
 that says what to set.
 
 **The model.** Every training run (plain, Ray Train, sweep trial) logs one model directory
-(``seeder.checkpoint``: ``seeder_model.json`` + ``weights.pt``) as artifact ``model``, made an MLflow
+(``seeder.policy.checkpoint``: ``seeder_model.json`` + ``weights.pt``) as artifact ``model``, made an MLflow
 Model by an ``MLmodel`` file whose pyfunc flavour loads through this module (``_load_pyfunc``: no
 pickle). ``mlflow.pyfunc.load_model("models:/NAME@champion").predict(frame)`` ranks questions through
-``seeder.retriever.Retriever``, and so does ``mlflow models serve``.
+``seeder.serving.retriever.Retriever``, and so does ``mlflow models serve``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from seeder.io import DataError
+from seeder.system.io import DataError
+from seeder.system.mlflow_store import (  # noqa: F401 (re-exported: the one place callers reach MLflow)
+    LOCAL_ROOT,
+    URI_RULE,
+    check_reachable,
+    download_model,
+    local_store_missing,
+    quiet_mlflow,
+    tracking_uri,
+)
 
-LOCAL_ROOT = Path("runs")
-MODEL_ARTIFACT = "model"  # == seeder.checkpoint.MODEL_DIR
-URI_RULE = ("MLflow store: MLFLOW_TRACKING_URI when set, else sqlite:///$PWD/runs/mlflow.db "
-            "(artifacts in runs/mlartifacts)")
-
-
-def tracking_uri(create: bool = True) -> str:
-    """The store every run logs to (``URI_RULE``); ``create=False`` does not make ``runs/``."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    if create:
-        LOCAL_ROOT.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(LOCAL_ROOT / 'mlflow.db').resolve()}"
-
-
-REACH_TIMEOUT_S = 5.0
-"""How long a remote tracking server gets to accept a connection before a command gives up."""
-
-
-def check_reachable(uri: str) -> None:
-    """A remote (http/https) tracking server must accept a TCP connection within ``REACH_TIMEOUT_S``:
-    MLflow's own client retries an unreachable server with backoff for minutes before it fails. Its
-    retries are also bounded (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless the user set them)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https"):
-        return
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
-    host, port = parts.hostname or "localhost", parts.port or (443 if parts.scheme == "https" else 80)
-    import socket
-
-    try:
-        socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
-    except OSError as exc:
-        raise DataError(f"MLflow tracking server {uri} cannot be reached ({exc.strerror or exc}); start it "
-                        f"(`seeder ui` or `mlflow server`), fix MLFLOW_TRACKING_URI, or pass --experiment none "
-                        f"where a command offers it") from None
-
-
-def _local_store_missing(uri: str) -> Path | None:
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        return None if path.is_file() else path
-    return None
+MODEL_ARTIFACT = "model"  # == seeder.policy.checkpoint.MODEL_DIR
 
 
 def setup(experiment: str) -> str:
@@ -116,51 +77,6 @@ def register_model(run_id: str, model_name: str, alias: str | None = "champion",
     return int(version.version)
 
 
-def download_model(model: str) -> Path:
-    """A local model directory for ``models:/NAME@ALIAS``, ``runs:/ID/model`` or a local path. Errors
-    are one line and name what to set; nothing is created when the store is missing."""
-    if not model.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
-        path = Path(model[len("file://"):] if model.startswith("file://") else model)
-        if not path.exists():
-            raise DataError(f"model {model}: no such file or directory; pass a model directory (RUN/model), "
-                            "runs:/ID/model or models:/NAME@ALIAS")
-        return path
-    uri = tracking_uri(create=False)
-    missing = _local_store_missing(uri)
-    if missing is not None:
-        raise DataError(f"model {model}: no MLflow store at {missing}; run from the directory that holds runs/, or "
-                        f"set MLFLOW_TRACKING_URI to the store the model was logged in ({URI_RULE})")
-    check_reachable(uri)
-    quiet_mlflow()
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    mlflow.set_tracking_uri(uri)
-    try:
-        return Path(mlflow.artifacts.download_artifacts(model))
-    except MlflowException as exc:
-        first = str(exc).splitlines()[0][:300]
-        raise DataError(f"model {model}: not found in the MLflow store {uri} ({first}); check the name and alias "
-                        "with `seeder ui`, or set MLFLOW_TRACKING_URI") from exc
-    except OSError as exc:
-        raise DataError(f"model {model}: the MLflow store {uri} cannot be reached ({exc}); check MLFLOW_TRACKING_URI") from exc
-
-
-def _ui(args: argparse.Namespace) -> int:
-    uri = tracking_uri()
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
-    return subprocess.call(cmd, env=env)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    ui = sub.add_parser("ui", help="start the MLflow UI on this machine's loopback to compare runs and pick a model")
-    ui.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    ui.add_argument("--port", type=int, default=5000)
-    ui.set_defaults(func=_ui)
-
-
 # -- training runs: parameters, per-epoch metrics, the model directory and a training-curve plot --------
 
 # Per-epoch keys shown in the training-curve plot, one panel each (losses share the first panel).
@@ -170,14 +86,6 @@ CURVE_PANELS = (
     ("validation", ("val_hit_at_1", "val_hit_at_5", "val_mrr", "val_recall_at_20")),
 )
 RUN_FILE = "mlflow_run.json"
-
-
-def quiet_mlflow() -> None:
-    """No telemetry, and no "Creating initial MLflow database tables..." for every new sqlite store."""
-    import logging
-
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 def client(uri: str | None = None):
@@ -216,8 +124,7 @@ def log_epoch_metrics(run_id: str, metrics: dict[str, Any], step: int, uri: str 
         mlflow_client.log_batch(run_id, metrics=batch[lo : lo + 900])
 
 
-def log_report_run(experiment: str, name: str, params: dict[str, Any], metrics: dict[str, float],
-                   files: list[Path]) -> str:
+def log_report_run(experiment: str, name: str, params: dict[str, Any], metrics: dict[str, float], files: list[Path]) -> str:
     """A finished one-shot run (a benchmark): parameters, metrics at step 0, files as artifacts."""
     experiment_id = setup(experiment)
     mlflow_client = client()
@@ -269,8 +176,16 @@ def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> Non
         shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("MLmodel"))
         signature = ModelSignature(
             inputs=Schema([ColSpec("string", "question")]),
-            outputs=Schema([ColSpec("string", "question"), ColSpec("long", "rank"), ColSpec("long", "node"),
-                            ColSpec("string", "name"), ColSpec("double", "score"), ColSpec("long", "step")]),
+            outputs=Schema(
+                [
+                    ColSpec("string", "question"),
+                    ColSpec("long", "rank"),
+                    ColSpec("long", "node"),
+                    ColSpec("string", "name"),
+                    ColSpec("double", "score"),
+                    ColSpec("long", "step"),
+                ]
+            ),
             params=ParamSchema([ParamSpec("k", "long", 20)]),
         )
         mlmodel = Model(run_id=run_id, artifact_path=MODEL_ARTIFACT, signature=signature)
@@ -284,7 +199,7 @@ class _PyfuncRetriever:
     ``question`` column (or a list of strings) and returns one row per (question, rank)."""
 
     def __init__(self, path: str):
-        from seeder.retriever import Retriever
+        from seeder.serving.retriever import Retriever
 
         self.retriever = Retriever.load(path)
 
@@ -308,7 +223,7 @@ def _load_pyfunc(path: str) -> _PyfuncRetriever:
 
 class TrainingRun:
     """The MLflow run of one training run or sweep trial: parameters, one row of metrics per epoch
-    (the names of ``seeder.train``), the training curve and the model. Talks through ``MlflowClient``
+    (the names of ``seeder.training.loop``), the training curve and the model. Talks through ``MlflowClient``
     only (no global active run), so concurrent trials and Ray workers do not step on each other."""
 
     def __init__(self, run_id: str, uri: str):
@@ -321,8 +236,9 @@ class TrainingRun:
         return cls(run_id, uri)
 
     @classmethod
-    def start(cls, experiment: str, name: str, run_dir: str | Path | None, resume: bool, config,
-              extra: dict | None = None) -> "TrainingRun":
+    def start(
+        cls, experiment: str, name: str, run_dir: str | Path | None, resume: bool, config, extra: dict | None = None
+    ) -> "TrainingRun":
         """A new run, or with ``resume`` the one recorded in ``run_dir`` (a resumed run keeps one
         metric history)."""
         uri = tracking_uri()
@@ -352,8 +268,9 @@ class TrainingRun:
         if found:
             mlflow_client.update_run(found[0].info.run_id, status="RUNNING")
             return cls(found[0].info.run_id, uri)
-        run = mlflow_client.create_run(experiment_id, run_name=name, tags={
-            "mlflow.parentRunId": parent_run_id, "seeder.trial": name, "seeder.kind": "trial"})
+        run = mlflow_client.create_run(
+            experiment_id, run_name=name, tags={"mlflow.parentRunId": parent_run_id, "seeder.trial": name, "seeder.kind": "trial"}
+        )
         log_params(run.info.run_id, {**run_params(config), **swept}, uri)
         return cls(run.info.run_id, uri)
 

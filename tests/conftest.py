@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+if os.environ.get("SEEDER_TEST_QUICK"):
+    # make test-quick: no Ray node may start, here or in any process a test starts (tests/without_ray).
+    _WITHOUT_RAY = str(REPO / "tests" / "without_ray")
+    sys.path.insert(0, _WITHOUT_RAY)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_WITHOUT_RAY, os.environ.get("PYTHONPATH")) if p)
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
 
 
@@ -28,21 +34,76 @@ def run(args, **kwargs):
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """(root, MLflow run id): ``seeder synth`` -> pipelines/preprocess.py (hash encoder, entity linking,
-    the learned filter with a prior that reads the questions' wording) -> ``python -m seeder.train`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
+    the learned filter with a prior that reads the questions' wording) -> ``python -m seeder.training.loop`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
     root = tmp_path_factory.mktemp("trained")
     seeder = str(Path(sys.executable).parent / "seeder")
     env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
-    done = run([seeder, "synth", "--out", str(root / "syn"), "--nodes", "300", "--relations", "4", "--queries", "300",
-                "--max-path-length", "1", "--hubs", "0", "--multi-answer-frac", "0"], env=env)
+    done = run(
+        [
+            seeder,
+            "synth",
+            "--out",
+            str(root / "syn"),
+            "--nodes",
+            "300",
+            "--relations",
+            "4",
+            "--queries",
+            "300",
+            "--max-path-length",
+            "1",
+            "--hubs",
+            "0",
+            "--multi-answer-frac",
+            "0",
+        ],
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
-    done = run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(root / "syn"), "--out",
-                str(root / "art"), "--ray-address", "local", "embed.encoder=hash", "embed.cpus_per_actor=1",
-                "seed.strategy=dense+entity", "expand.relation_score=learned", "prior.epochs=5", "prior.min_count=1",
-                "prior.hidden_dim=16", "prior.wording_dim=64", "reduce.dim=32", "expand.budget=60",
-                "expand.keep_per_hop=[30,30]"], env=env)
+    done = run(
+        [
+            sys.executable,
+            str(REPO / "pipelines" / "preprocess.py"),
+            "--dataset",
+            str(root / "syn"),
+            "--out",
+            str(root / "art"),
+            "--ray-address",
+            "local",
+            "embed.encoder=hash",
+            "embed.cpus_per_actor=1",
+            "seed.strategy=dense+entity",
+            "expand.relation_score=learned",
+            "prior.epochs=5",
+            "prior.min_count=1",
+            "prior.hidden_dim=16",
+            "prior.wording_dim=64",
+            "reduce.dim=32",
+            "expand.budget=60",
+            "expand.keep_per_hop=[30,30]",
+        ],
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    done = run([sys.executable, "-m", "seeder.train", "--artifacts", str(root / "art"), "--out", str(root / "run"),
-                "train.epochs=4", "train.warmup_epochs=1", "train.expansion_sizes=[5]", "train.frontier_caps=[20]",
-                "model.hidden_dim=32", "train.lr=3e-3", "train.num_threads=1"], env=env, cwd=root)
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "seeder.training.loop",
+            "--artifacts",
+            str(root / "art"),
+            "--out",
+            str(root / "run"),
+            "train.epochs=4",
+            "train.warmup_epochs=1",
+            "train.expansion_sizes=[5]",
+            "train.frontier_caps=[20]",
+            "model.hidden_dim=32",
+            "train.lr=3e-3",
+            "train.num_threads=1",
+        ],
+        env=env,
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return root, done.stdout.split("MLflow run ")[1].split(":")[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from seeder.store import write_dataset
+from seeder.data.store import write_dataset
 
 
 def write_tiny_dataset(directory: Path, num_queries: int, seed: int, two_hop_answers: bool, id_stride: int) -> Path:
@@ -23,10 +23,14 @@ def write_tiny_dataset(directory: Path, num_queries: int, seed: int, two_hop_ans
     n, e, r = 300, 1500, 4
     names = [f"entity {i} {['red', 'blue', 'green', 'tall', 'old'][i % 5]}" for i in range(n)]
     nodes = pa.table({"id": np.arange(n), "type": ["thing"] * n, "name": names, "text": names})
-    relations = pa.table({
-        "id": np.arange(r, dtype=np.int32), "name": [f"rel{i}" for i in range(r)],
-        "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse of relation {i}" for i in range(r)],
-    })
+    relations = pa.table(
+        {
+            "id": np.arange(r, dtype=np.int32),
+            "name": [f"rel{i}" for i in range(r)],
+            "text": [f"relation {i}" for i in range(r)],
+            "inverse_text": [f"inverse of relation {i}" for i in range(r)],
+        }
+    )
     src, dst = rng.integers(0, n, e), rng.integers(0, n, e)
     edges = pa.table({"src": src, "dst": dst, "relation": rng.integers(0, r, e).astype(np.int32)})
     topic = rng.integers(0, n, num_queries)
@@ -41,18 +45,21 @@ def write_tiny_dataset(directory: Path, num_queries: int, seed: int, two_hop_ans
             answers.append(sorted(reach)[:3] or [t])
     else:
         answers = [[int(successors[t][0])] if len(successors[t]) else [int(t)] for t in topic]
-    queries = pa.table({
-        "id": np.arange(num_queries) * id_stride + 2,
-        "text": [f"what is related to {names[t]}" for t in topic],
-        "answers": answers,
-        "split": np.array(["train", "val", "test"])[np.arange(num_queries) % 3],
-        "hop": hop,
-    })
+    queries = pa.table(
+        {
+            "id": np.arange(num_queries) * id_stride + 2,
+            "text": [f"what is related to {names[t]}" for t in topic],
+            "answers": answers,
+            "split": np.array(["train", "val", "test"])[np.arange(num_queries) % 3],
+            "hop": hop,
+        }
+    )
     return write_dataset(directory, nodes, relations, edges, queries)
 
 
-def hand_built_artifacts(root: Path, strategy: str, relations: int = 3, reduce_dim: int = 256, seed: int = 3,
-                   trained_on=None, step_budget=None):
+def hand_built_artifacts(
+    root: Path, strategy: str, relations: int = 3, reduce_dim: int = 256, seed: int = 3, trained_on=None, step_budget=None
+):
     """A 60-node graph whose questions name an entity, preprocessed by hand with the hash encoder (the
     library's seeds stage, no Ray) under ``seed.strategy=strategy``, and an untrained model on it (that
     records ``trained_on``'s artifacts, or these). ``reduce_dim`` only goes into the config: the features
@@ -61,35 +68,68 @@ def hand_built_artifacts(root: Path, strategy: str, relations: int = 3, reduce_d
     import pyarrow.parquet as pq
 
     from seeder.config import load_config, to_dict
-    from seeder.embed import HashEncoder
-    from seeder.io import write_manifest
-    from seeder.preprocess import run_seeds
+    from seeder.data.store import open_dataset, write_dataset
+    from seeder.features.embed import HashEncoder
+    from seeder.policy.checkpoint import artifacts_record
+    from seeder.preprocessing.artifacts import open_artifacts, read_seed_table
+    from seeder.preprocessing.stages import run_seeds
     from seeder.retrieve.khop import expand_queries
-    from seeder.artifacts import read_seed_table
-    from seeder.store import open_dataset, write_dataset
-    from seeder.train import build_state, export_best
-
-    from seeder.artifacts import open_artifacts
-    from seeder.checkpoint import artifacts_record
+    from seeder.system.io import write_manifest
+    from seeder.training.loop import build_state, export_best
 
     rng = np.random.default_rng(seed)
     n, r, q, dim = 60, relations, 12, 32
     relation_names = [f"relation {chr(97 + i)}" for i in range(r)]
-    names = [f"entity {w}" for w in ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-                                     "pi rho sigma tau upsilon phi chi psi omega").split()] + [f"place {i}" for i in range(n - 24)]
+    names = [
+        f"entity {w}"
+        for w in (
+            "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+            "pi rho sigma tau upsilon phi chi psi omega"
+        ).split()
+    ] + [f"place {i}" for i in range(n - 24)]
     answers = [[int(a)] for a in rng.integers(0, n, q)]
-    queries = pa.table({"id": np.arange(q) + 100, "text": [f"what is linked to {names[i]}" for i in range(q)],
-                        "answers": answers, "split": ["train"] * 4 + ["val"] * 8, "topic_id": np.arange(q)})
+    queries = pa.table(
+        {
+            "id": np.arange(q) + 100,
+            "text": [f"what is linked to {names[i]}" for i in range(q)],
+            "answers": answers,
+            "split": ["train"] * 4 + ["val"] * 8,
+            "topic_id": np.arange(q),
+        }
+    )
     dataset = write_dataset(
-        root / "dataset", pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
-        pa.table({"id": np.arange(r, dtype=np.int32), "name": relation_names, "text": relation_names,
-                  "inverse_text": [f"{t} of" for t in relation_names]}),
-        pa.table({"src": rng.integers(0, n, 240), "dst": rng.integers(0, n, 240), "relation": rng.integers(0, r, 240).astype(np.int32)}),
-        queries)
+        root / "dataset",
+        pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
+        pa.table(
+            {
+                "id": np.arange(r, dtype=np.int32),
+                "name": relation_names,
+                "text": relation_names,
+                "inverse_text": [f"{t} of" for t in relation_names],
+            }
+        ),
+        pa.table(
+            {"src": rng.integers(0, n, 240), "dst": rng.integers(0, n, 240), "relation": rng.integers(0, r, 240).astype(np.int32)}
+        ),
+        queries,
+    )
     kg = open_dataset(dataset)
-    config = load_config(None, ["embed.encoder=hash", f"embed.hash_dim={dim}", f"seed.strategy={strategy}", "seed.k0=2",
-                                "expand.budget=20", "expand.keep_per_hop=[8,10]", "model.hidden_dim=16", "model.num_layers=1",
-                                "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]", f"reduce.dim={reduce_dim}"])
+    config = load_config(
+        None,
+        [
+            "embed.encoder=hash",
+            f"embed.hash_dim={dim}",
+            f"seed.strategy={strategy}",
+            "seed.k0=2",
+            "expand.budget=20",
+            "expand.keep_per_hop=[8,10]",
+            "model.hidden_dim=16",
+            "model.num_layers=1",
+            "train.expansion_sizes=[3,3]",
+            "train.frontier_caps=[8,8]",
+            f"reduce.dim={reduce_dim}",
+        ],
+    )
     encoder = HashEncoder(dim=dim)
     nf, qf = encoder.encode(names), encoder.encode(queries.column("text").to_pylist())
     rf = encoder.encode(relation_names + [f"{t} of" for t in relation_names])
@@ -102,13 +142,22 @@ def hand_built_artifacts(root: Path, strategy: str, relations: int = 3, reduce_d
     run_seeds(out / "features", out / "seeds", kg, config)
     _, seeds, scores = read_seed_table(out / "seeds" / "seeds.parquet")
     splits = np.array(queries.column("split").to_pylist(), dtype=object)
-    subgraphs = expand_queries(kg, nf, rf, qf, seeds, scores, config.expand, np.arange(q) + 100, splits,
-                               np.arange(q + 1), np.concatenate(answers))
+    subgraphs = expand_queries(
+        kg, nf, rf, qf, seeds, scores, config.expand, np.arange(q) + 100, splits, np.arange(q + 1), np.concatenate(answers)
+    )
     (out / "subgraphs").mkdir()
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
-    write_manifest(out, {"kind": "seeder-artifacts", "dataset": str(dataset), "dataset_fingerprint": kg.fingerprint,
-                         "config": to_dict(config), **({"step_budget": step_budget} if step_budget else {})})
+    write_manifest(
+        out,
+        {
+            "kind": "seeder-artifacts",
+            "dataset": str(dataset),
+            "dataset_fingerprint": kg.fingerprint,
+            "config": to_dict(config),
+            **({"step_budget": step_budget} if step_budget else {}),
+        },
+    )
     record = artifacts_record(open_artifacts(trained_on or out))
     model = export_best(build_state(config, dim, 1, record), root / "model")
     return out, model, queries.column("text").to_pylist()

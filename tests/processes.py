@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 _HOLD = """
 import sys, time
-from seeder.io import output_lock
+from seeder.system.io import output_lock
 with output_lock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)

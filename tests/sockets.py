@@ -34,8 +34,7 @@ def ss_available() -> bool:
     return shutil.which("ss") is not None
 
 
-needs_ss = pytest.mark.skipif(not ss_available(),
-                              reason="`ss` (iproute2) is not installed: cannot list listening sockets")
+needs_ss = pytest.mark.skipif(not ss_available(), reason="`ss` (iproute2) is not installed: cannot list listening sockets")
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 

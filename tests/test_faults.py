@@ -10,7 +10,6 @@ process group, the comparisons) are those of ``benchmarks/bench_kill.py``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from seeder.preprocess import TEST_STOP_ENV
+from seeder.preprocessing.stages import TEST_STOP_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_kill", REPO / "benchmarks" / "bench_kill.py")
@@ -39,8 +38,7 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def _run(cmd, cwd: Path, **extra_env) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env={**bench.step_env(cwd), **extra_env}, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env={**bench.step_env(cwd), **extra_env}, capture_output=True, text=True, timeout=600)
 
 
 def _killed_python(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -81,13 +79,13 @@ def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs,
     # Killed at the two windows that matter: before the manifest exists, and between the renames of an
     # overwrite (the old dataset moved aside, the new one not yet in place).
     before_manifest = (
-        "import os, signal, sys, seeder.store as s\n"
+        "import os, signal, sys, seeder.data.store as s\n"
         "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
         "s.write_manifest = die\n"
         "from seeder.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    between_renames = kill_after_rename("seeder.io", "'.old-' in str(dst)", "seeder.cli")
+    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli")
     rng = random.Random(SEED)
     kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
     kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.3, 2.0) for _ in range(2))]
@@ -114,12 +112,22 @@ def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs,
 
 from tests.pipelines.test_train import artifacts  # noqa: E402,F401  (hand-written artifacts, no Ray)
 
-KILL_INSIDE_SAVE = kill_after_rename("seeder.checkpoint", "str(dst).endswith('.last.old')", "seeder.train")
+KILL_INSIDE_SAVE = kill_after_rename("seeder.policy.checkpoint", "str(dst).endswith('.last.old')", "seeder.training.loop")
 
 
 def _train_cmd(artifacts: Path, out: Path, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out", str(out), "--experiment",
-            "none", *bench.TRAIN] + (["--resume"] if resume else [])
+    return [
+        sys.executable,
+        "-m",
+        "seeder.training.loop",
+        "--artifacts",
+        str(artifacts),
+        "--out",
+        str(out),
+        "--experiment",
+        "none",
+        *bench.TRAIN,
+    ] + (["--resume"] if resume else [])
 
 
 def test_a_kill_inside_the_checkpoint_save_resumes_to_the_same_model(artifacts, tmp_path):  # noqa: F811
@@ -202,8 +210,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["embed", "features", "seeds", "subgraphs"])
-def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(reference_pipeline, inputs, tmp_path,
-                                                                              stage):
+def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(reference_pipeline, inputs, tmp_path, stage):
     ref, _, snapshots = reference_pipeline
     run = _fresh_run(ref, tmp_path, ["import"])
     try:
@@ -215,16 +222,14 @@ def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(re
             shards = random.Random(f"{SEED}-{stage}").randint(1, 7)
             env[TEST_STOP_ENV] = f"subgraphs:{shards}"
         with open(tmp_path / "steps.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run, start_new_session=True)
             if stage == "subgraphs":
                 reached = proc.wait(timeout=600) == 137
             else:
                 # The embedding stage runs for seconds: killed inside it after a random delay of up to 1 s.
                 # The next two take milliseconds, so they are caught as the stage before them completes, then
                 # after up to 0.05 s: well inside the few tenths of a second that the rest of the job takes.
-                trigger = {"embed": ".embed.partial", "features": "embed/manifest.json",
-                           "seeds": "features/manifest.json"}[stage]
+                trigger = {"embed": ".embed.partial", "features": "embed/manifest.json", "seeds": "features/manifest.json"}[stage]
                 reached = _wait_for(run / "artifacts" / trigger, proc)
                 time.sleep(random.Random(f"{SEED}-{stage}").uniform(0.0, 1.0 if stage == "embed" else 0.05))
             bench.kill_group(proc)
@@ -267,8 +272,9 @@ def test_a_killed_sweep_resumes_and_finishes_every_trial(reference_pipeline, inp
     try:
         cmd = bench.commands(inputs, run, "ray", rerun=False)["sweep"]
         with open(tmp_path / "steps.log", "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run, start_new_session=True
+            )
             # Inside the first trial: its directory exists (the experiment state is saved every 2 s).
             reached = _wait_for(run / "sweeps" / "s" / "seeder_sweep.json", proc)
             time.sleep(random.Random(SEED).uniform(2.0, 6.0))

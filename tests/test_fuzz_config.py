@@ -33,26 +33,97 @@ keys = st.one_of(
     st.sampled_from(KEYS).map(lambda k: k + "x"),
     st.sampled_from(KEYS).map(lambda k: k + ".deeper"),
     st.sampled_from(SECTIONS),
-    st.sampled_from(["", ".", "train.", ".lr", "train..lr", " train.lr ", "train.lr\n", "tr\tain.lr", "baselines.ego_hops",
-                     "baselines.ego", "baselines.1", "1.2", "é.ü"]),
+    st.sampled_from(
+        [
+            "",
+            ".",
+            "train.",
+            ".lr",
+            "train..lr",
+            " train.lr ",
+            "train.lr\n",
+            "tr\tain.lr",
+            "baselines.ego_hops",
+            "baselines.ego",
+            "baselines.1",
+            "1.2",
+            "é.ü",
+        ]
+    ),
     st.text("abcdefghilnoprstu._ 1\n", min_size=0, max_size=12),
 )
 TRICKY = [
-    "nan", ".nan", "NaN", "inf", ".inf", "-.inf", "-inf", "Infinity", "1e400", "-1e400", "1e-400", "9" * 30, "-" + "9" * 30,
-    str(2**63), str(2**63 - 1), str(-(2**63)), "0x10", "0o17", "1_000", "1e3", "1.5", "-0", "true", "no", "null", "~", "",
-    "[", "[1", "]", "{a", "{}", "[]", "[1, .nan]", "[1e30]", "[5,5]", "[[1]]", "'quoted", '"unterminated', "&a", "*a",
-    "&a [*a]", "!!python/object:os.system", "!!binary aGVsbG8=", "!!float nan", "2020-01-01", "a: b", "- 1", "\x00",
-    "\ufeff1", "é", "🙂", "a\nb", "\t1", "dense", "hash", "learned", "[60,140]", "[1/3]",
+    "nan",
+    ".nan",
+    "NaN",
+    "inf",
+    ".inf",
+    "-.inf",
+    "-inf",
+    "Infinity",
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "9" * 30,
+    "-" + "9" * 30,
+    str(2**63),
+    str(2**63 - 1),
+    str(-(2**63)),
+    "0x10",
+    "0o17",
+    "1_000",
+    "1e3",
+    "1.5",
+    "-0",
+    "true",
+    "no",
+    "null",
+    "~",
+    "",
+    "[",
+    "[1",
+    "]",
+    "{a",
+    "{}",
+    "[]",
+    "[1, .nan]",
+    "[1e30]",
+    "[5,5]",
+    "[[1]]",
+    "'quoted",
+    '"unterminated',
+    "&a",
+    "*a",
+    "&a [*a]",
+    "!!python/object:os.system",
+    "!!binary aGVsbG8=",
+    "!!float nan",
+    "2020-01-01",
+    "a: b",
+    "- 1",
+    "\x00",
+    "\ufeff1",
+    "é",
+    "🙂",
+    "a\nb",
+    "\t1",
+    "dense",
+    "hash",
+    "learned",
+    "[60,140]",
+    "[1/3]",
 ]
-values = st.one_of(st.sampled_from(TRICKY), st.text(min_size=0, max_size=10),
-                   st.integers(-(2**70), 2**70).map(str), st.floats().map(repr))
+values = st.one_of(
+    st.sampled_from(TRICKY), st.text(min_size=0, max_size=10), st.integers(-(2**70), 2**70).map(str), st.floats().map(repr)
+)
 
 
 def _check_error(exc: ConfigError, *names: str) -> None:
     message = str(exc)
     assert "\n" not in message and message.strip(), f"not a one-line message: {message!r}"
-    assert any(name and name in message for name in names) or "unknown key" in message, \
+    assert any(name and name in message for name in names) or "unknown key" in message, (
         f"the message names neither {names} nor an unknown key: {message}"
+    )
 
 
 def _check_values(config: SeederConfig) -> None:
@@ -93,12 +164,19 @@ def test_random_overrides_load_exactly_or_fail_with_a_config_error(items, raw):
 
 
 # Random YAML documents: known and unknown sections and keys, any scalar YAML can hold.
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
-                    st.sampled_from(TRICKY))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8), st.sampled_from(TRICKY)
+)
 documents = st.dictionaries(
     st.one_of(st.sampled_from(SECTIONS), st.text("abz_", max_size=4), st.integers(0, 3)),
-    st.one_of(scalars, st.dictionaries(st.one_of(st.sampled_from([k.split(".", 1)[1] for k in KEYS]), st.text("abz", max_size=3)),
-                                       st.one_of(scalars, st.lists(scalars, max_size=3)), max_size=4)),
+    st.one_of(
+        scalars,
+        st.dictionaries(
+            st.one_of(st.sampled_from([k.split(".", 1)[1] for k in KEYS]), st.text("abz", max_size=3)),
+            st.one_of(scalars, st.lists(scalars, max_size=3)),
+            max_size=4,
+        ),
+    ),
     max_size=4,
 )
 damage = st.sampled_from([None, None, "truncate", "latin1", "nul", "tab", "bom", "garbage", "deep", "list"])
@@ -109,7 +187,7 @@ def _damaged(text: str, how: str | None, cut: int) -> bytes:
     if how == "truncate":
         return data[: cut % (len(data) + 1)]
     if how == "latin1":
-        return data[: cut % (len(data) + 1)] + b"\xe9\xff" + data[cut % (len(data) + 1):]
+        return data[: cut % (len(data) + 1)] + b"\xe9\xff" + data[cut % (len(data) + 1) :]
     if how == "nul":
         return data + b"x: \x00\n"
     if how == "tab":
@@ -158,13 +236,16 @@ def test_non_utf8_config_names_the_file_and_line(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.lr=.nan", "train.lr=nan: not a finite number"),
-    ("train.lr=1e400", "train.lr=inf: not a finite number"),
-    ("train.epochs=" + "9" * 25, "train.epochs=" + "9" * 25 + ": out of range"),
-    ("train.expansion_sizes=[5", "override train.expansion_sizes: value '[5' is not valid YAML"),
-    ("train..lr=1", "a dotted key needs a name between every dot"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=.nan", "train.lr=nan: not a finite number"),
+        ("train.lr=1e400", "train.lr=inf: not a finite number"),
+        ("train.epochs=" + "9" * 25, "train.epochs=" + "9" * 25 + ": out of range"),
+        ("train.expansion_sizes=[5", "override train.expansion_sizes: value '[5' is not valid YAML"),
+        ("train..lr=1", "a dotted key needs a name between every dot"),
+    ],
+)
 def test_bad_overrides_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
         load_config(None, [override])

@@ -4,13 +4,13 @@
         [--gpus-per-trial G] [--space FILE] [--epochs E] [--name NAME] [--storage PATH_OR_URI]
         [--resume] [KEY=VALUE ...]
 
-Each trial trains the policy epoch by epoch (``seeder.sweep.run_trial``) and reports validation
-Recall@20 (``seeder.sweep.METRIC``) so that ASHA stops weak trials early. At the end, the best trial
+Each trial trains the policy epoch by epoch (``seeder.training.sweep.run_trial``) and reports validation
+Recall@20 (``seeder.training.sweep.METRIC``) so that ASHA stops weak trials early. At the end, the best trial
 by that metric is registered as ``seeder-<artifacts dir name>`` with alias ``champion``, evaluated on
 the test split through ``models:/...@champion`` (the same path as ``seeder evaluate``), and the parent
 run receives its test metrics, the results table and the plots. ``--resume`` continues an interrupted
 sweep of the same ``--name`` without rerunning finished trials. The Ray-free pieces live in
-``seeder.sweep``; this file only wires them into Ray Tune.
+``seeder.training.sweep``; this file only wires them into Ray Tune.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
 
 from pipelines.ray_runtime import add_ray_arguments, check_tracking_reaches_workers, start_ray
-from seeder import sweep as sw
-from seeder.cli import HelpFormatter
+from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
-from seeder.io import DataError
-from seeder.storage import basename, is_uri
+from seeder.system.io import DataError
+from seeder.system.storage import basename, is_uri
+from seeder.training import sweep as sw
 
 STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
 
@@ -81,8 +81,9 @@ class InterruptWatch(logging.Handler):
             self.seen = True
 
 
-def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: int, use_gpu: bool,
-                      cpus_per_worker: float) -> None:
+def distributed_trial(
+    config: SeederConfig, artifacts_path: str, run, workers: int, use_gpu: bool, cpus_per_worker: float
+) -> None:
     """A trial on several workers: Ray Train's TorchTrainer inside the trial (pipelines/train.py).
 
     Its workers log each epoch to the trial's child run; the epochs reach Tune only when training
@@ -91,11 +92,18 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: i
     from ray import tune
 
     from pipelines import train as ray_train
-    from seeder import train as lib
+    from seeder.training import loop as lib
 
     result = ray_train.run_training(
-        config, artifacts_path, storage=tune.get_context().get_trial_dir(), name="train", num_workers=workers,
-        use_gpu=use_gpu, cpus_per_worker=cpus_per_worker, mlflow_run_id=run.run_id, mlflow_uri=run.uri,
+        config,
+        artifacts_path,
+        storage=tune.get_context().get_trial_dir(),
+        name="train",
+        num_workers=workers,
+        use_gpu=use_gpu,
+        cpus_per_worker=cpus_per_worker,
+        mlflow_run_id=run.run_id,
+        mlflow_uri=run.uri,
     )
     state = ray_train.final_state(result, "trial")
     with tempfile.TemporaryDirectory() as directory:
@@ -104,26 +112,28 @@ def distributed_trial(config: SeederConfig, artifacts_path: str, run, workers: i
         tune.report(row)
 
 
-def trainable(params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float,
-              workers: int = 1) -> None:
+def trainable(
+    params: dict, *, artifacts_path: str, base_config: dict, tracking: dict, cpus: float, gpus: float, workers: int = 1
+) -> None:
     """One trial: a child MLflow run, then ``run_trial`` reporting each epoch to Tune."""
     import ray
     import torch
     from ray import tune
 
-    from seeder import train as lib
     from seeder import tracking as mlflow_runs
-    from seeder.artifacts import open_artifacts
-    from seeder.checkpoint import artifacts_record
-    from seeder.inference import QueryData
+    from seeder.policy.checkpoint import artifacts_record
+    from seeder.policy.inference import QueryData
+    from seeder.preprocessing.artifacts import open_artifacts
+    from seeder.training import loop as lib
 
     torch.set_num_threads(max(1, int(cpus)))  # Ray sets OMP_NUM_THREADS=1 in trial actors
     name = tune.get_context().get_trial_name()  # name_of's t003-h32-l3-lr1e-3-d0.1
     run = None
     try:
         config = sw.apply_params(from_dict(SeederConfig, base_config), params)
-        run = mlflow_runs.TrainingRun.child(tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name,
-                                            config, sw.trial_params(params))
+        run = mlflow_runs.TrainingRun.child(
+            tracking["uri"], tracking["experiment_id"], tracking["parent_run_id"], name, config, sw.trial_params(params)
+        )
         if workers > 1:
             distributed_trial(config, artifacts_path, run, workers, gpus > 0, cpus)
             run.finish(None, [])
@@ -176,8 +186,15 @@ def collect(result_grid, epochs: int) -> list[dict]:
         params = {k: v for k, v in (result.config or {}).items()}
         node = None if frame is None or frame.empty or "node" not in frame else str(frame["node"].dropna().iloc[-1])
         records.append(
-            {"trial": Path(result.path).name, "status": status, "epochs": done, sw.METRIC: best,
-             "error": str(result.error) if result.error else None, "node": node, **params}
+            {
+                "trial": Path(result.path).name,
+                "status": status,
+                "epochs": done,
+                sw.METRIC: best,
+                "error": str(result.error) if result.error else None,
+                "node": node,
+                **params,
+            }
         )
     return records
 
@@ -227,7 +244,7 @@ def evaluate_champion(artifacts, champion: str, client, parent_run_id: str, chil
     """Evaluate ``champion`` on the test split (the val split when the artifacts have no test queries)
     exactly as ``seeder evaluate --method seeder --split S --model models:/NAME@champion`` does, and log
     the overall metrics as ``test_*`` (or ``champion_val_*``) on the parent and the champion's run."""
-    from seeder.evaluate import format_table, run_evaluation
+    from seeder.evaluation.evaluate import format_table, run_evaluation
 
     split = "test" if len(artifacts.subgraphs("test")) else "val"
     if split == "val":
@@ -250,10 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML config (model/train/eval sections); preprocessing keys come from the artifacts")
     parser.add_argument("--num-samples", type=int, default=8, help="trials to run (default 8)")
     parser.add_argument("--max-concurrent", type=int, default=2, help="trials at a time (default 2)")
-    parser.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial; torch threads match (default 1)")
+    parser.add_argument(
+        "--cpus-per-trial", type=float, default=1.0, help="CPUs reserved per trial; torch threads match (default 1)"
+    )
     parser.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs per trial; above 1, one Ray Train worker per GPU")
-    parser.add_argument("--workers-per-trial", type=int, default=1,
-                        help="Ray Train workers per trial (default 1: the trial trains in-process); --gpus-per-trial G > 1 implies G")
+    parser.add_argument(
+        "--workers-per-trial",
+        type=int,
+        default=1,
+        help="Ray Train workers per trial (default 1: the trial trains in-process); --gpus-per-trial G > 1 implies G",
+    )
     parser.add_argument("--space", help="YAML space file extending the default space (e.g. configs/sweep_space_extended.yaml)")
     parser.add_argument("--epochs", type=int, help="epochs per trial (ASHA's max_t); default train.epochs")
     parser.add_argument("--grace-epochs", type=int, default=1, help="epochs every trial gets before ASHA may stop it")
@@ -277,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_sweep(args: argparse.Namespace) -> int:
     from seeder import tracking
-    from seeder.artifacts import open_artifacts
+    from seeder.preprocessing.artifacts import open_artifacts
 
     artifacts = open_artifacts(args.artifacts)
     # Trials run in their own directories and open the artifacts again: absolute, or the URI as given.
@@ -320,13 +343,17 @@ def run_sweep(args: argparse.Namespace) -> int:
     else:
         if experiment_dir and experiment_dir.exists() and not args.resume:
             raise ConfigError(f"sweep {name} already exists in {storage}; pass --resume to continue it or another --name")
-        parent = client.create_run(experiment_id, run_name=name, tags={"seeder.kind": "sweep", "seeder.artifacts": artifacts_path})
+        parent = client.create_run(
+            experiment_id, run_name=name, tags={"seeder.kind": "sweep", "seeder.preprocessing.artifacts": artifacts_path}
+        )
         parent_run_id = parent.info.run_id
         client.log_param(parent_run_id, "num_samples", args.num_samples)
         client.log_param(parent_run_id, "max_concurrent", args.max_concurrent)
         client.log_param(parent_run_id, "epochs", config.train.epochs)
         client.log_param(parent_run_id, "metric", f"{sw.METRIC} ({sw.MODE})")
-        client.log_param(parent_run_id, "space", json.dumps({k: [d.kind, list(d.values) or [d.low, d.high]] for k, d in space.items()})[:6000])
+        client.log_param(
+            parent_run_id, "space", json.dumps({k: [d.kind, list(d.values) or [d.low, d.high]] for k, d in space.items()})[:6000]
+        )
         if state_path:
             state_path.parent.mkdir(parents=True, exist_ok=True)
             state_path.write_text(json.dumps({"parent_run_id": parent_run_id, "experiment_id": experiment_id}))
@@ -354,22 +381,36 @@ def run_sweep(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     if resuming:
-        tuner = tune.Tuner.restore(str(experiment_dir) if experiment_dir else f"{storage}/{name}", trainable=fn,
-                                   resume_errored=False, restart_errored=False)
+        tuner = tune.Tuner.restore(
+            str(experiment_dir) if experiment_dir else f"{storage}/{name}",
+            trainable=fn,
+            resume_errored=False,
+            restart_errored=False,
+        )
     else:
         searcher = ConcurrencyLimiter(OptunaSearch(seed=args.seed), max_concurrent=args.max_concurrent)
-        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=config.train.epochs,
-                                  grace_period=max(1, min(args.grace_epochs, config.train.epochs)), reduction_factor=2)
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=config.train.epochs,
+            grace_period=max(1, min(args.grace_epochs, config.train.epochs)),
+            reduction_factor=2,
+        )
         tuner = tune.Tuner(
             fn,
             param_space=ray_space(space),
             tune_config=tune.TuneConfig(
-                metric=sw.METRIC, mode=sw.MODE, search_alg=searcher, scheduler=scheduler,
-                num_samples=args.num_samples, max_concurrent_trials=args.max_concurrent,
-                trial_name_creator=name_of, trial_dirname_creator=name_of,
+                metric=sw.METRIC,
+                mode=sw.MODE,
+                search_alg=searcher,
+                scheduler=scheduler,
+                num_samples=args.num_samples,
+                max_concurrent_trials=args.max_concurrent,
+                trial_name_creator=name_of,
+                trial_dirname_creator=name_of,
             ),
             run_config=tune.RunConfig(
-                name=name, storage_path=storage,
+                name=name,
+                storage_path=storage,
                 failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 verbose=1,
@@ -382,9 +423,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     if interrupted.seen or result_grid.num_terminated + result_grid.num_errors < max(len(result_grid), args.num_samples):
         # Ctrl-C (or SIGTERM): Tune saved its state; finished trials are kept and are not rerun.
         done = mark_interrupted_runs(client, experiment_id, parent_run_id, result_grid)
-        print(f"sweep {name} interrupted after {seconds:.0f} s with {done} trials done; "
-              f"continue it with: python tune/sweep.py --artifacts {args.artifacts} --name {name} "
-              f"--storage {storage} --resume", file=sys.stderr)
+        print(
+            f"sweep {name} interrupted after {seconds:.0f} s with {done} trials done; "
+            f"continue it with: python tune/sweep.py --artifacts {args.artifacts} --name {name} "
+            f"--storage {storage} --resume",
+            file=sys.stderr,
+        )
         ray.shutdown()
         return 130
     records = collect(result_grid, config.train.epochs)
@@ -418,7 +462,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     client.set_tag(parent_run_id, "seeder.champion_run_id", best["mlflow_run_id"])
     client.set_tag(parent_run_id, "seeder.champion_model", f"{champion} (version {version})")
     client.log_metric(parent_run_id, f"best_{sw.METRIC}", best[sw.METRIC])
-    print(f"champion: {best['trial']} ({sw.METRIC} {best[sw.METRIC]:.4f}) registered as {model_name} version {version}, alias champion")
+    print(
+        f"champion: {best['trial']} ({sw.METRIC} {best[sw.METRIC]:.4f}) registered as {model_name} version {version}, alias champion"
+    )
 
     evaluate_champion(artifacts, champion, client, parent_run_id, best["mlflow_run_id"])
     client.set_terminated(parent_run_id, status="FINISHED")

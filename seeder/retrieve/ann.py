@@ -24,11 +24,11 @@ import json
 import math
 import uuid
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from seeder.config import ConfigError, SeedConfig
+from seeder.retrieve.topk import dense_seeds, merge_topk
 
 INDEX_TYPE = "ivf_flat"
 MAGIC = b"SEEDER-ANN-1\n"
@@ -55,8 +55,11 @@ class AnnParams:
 
 def check_ann_config(cfg: SeedConfig) -> None:
     """Reject ANN settings that cannot build or search an index (a ConfigError naming the key)."""
-    bad = [f"seed.{name}={getattr(cfg, name)!r}" for name in ("ann_min_nodes", "ann_nprobe", "ann_train_sample")
-           if getattr(cfg, name) < 1]
+    bad = [
+        f"seed.{name}={getattr(cfg, name)!r}"
+        for name in ("ann_min_nodes", "ann_nprobe", "ann_train_sample")
+        if getattr(cfg, name) < 1
+    ]
     bad += [f"seed.{name}={getattr(cfg, name)!r}" for name in ("ann_nlist", "ann_extra") if getattr(cfg, name) < 0]
     if not cfg.ann_nlist_factor > 0:
         bad.append(f"seed.ann_nlist_factor={cfg.ann_nlist_factor!r}")
@@ -120,8 +123,7 @@ class AnnIndex:
             index.add(np.ascontiguousarray(node_features[start : start + block_rows], dtype=np.float32))
         index.make_direct_map()  # candidates' rows are read back for the exact re-scoring
         index.nprobe = min(cfg.ann_nprobe, nlist)
-        params = AnnParams(INDEX_TYPE, int(num_nodes), int(dim), int(nlist), int(train_rows), int(cfg.ann_seed),
-                           uuid.uuid4().hex)
+        params = AnnParams(INDEX_TYPE, int(num_nodes), int(dim), int(nlist), int(train_rows), int(cfg.ann_seed), uuid.uuid4().hex)
         return cls(index, params)
 
     def to_bytes(self) -> bytes:
@@ -140,15 +142,14 @@ class AnnIndex:
         """The parameters for run summaries: type, size, lists, training rows, current nprobe."""
         return {**asdict(self.params), "nprobe": int(self.index.nprobe)}
 
-    def search(self, query_features: np.ndarray, k: int, nprobe: int | None = None, extra: int = 8,
-               block_queries: int = 4_096) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, query_features: np.ndarray, k: int, nprobe: int | None = None, extra: int = 8, block_queries: int = 4_096
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` nodes per query: (ids int64 [Q, k], scores float32 [Q, k]) in ``dense_seeds``'s format.
 
         The index proposes ``k + extra`` candidates from ``nprobe`` lists (default: the index's own);
         they are re-scored exactly and ranked by (score descending, id ascending), padding (-1, -inf)
         last. ``block_queries`` bounds the candidate vectors held at once."""
-        from seeder.retrieve.seeds import _merge_topk
-
         if k < 1:
             raise ConfigError(f"seed.k0 must be at least 1, got {k}")
         query_features = np.asarray(query_features, dtype=np.float32)
@@ -165,7 +166,7 @@ class AnnIndex:
             pad = ((0, 0), (0, max(k - width, 0)))  # fewer nodes than k: padded as dense_seeds pads
             ids = np.pad(cand.astype(np.int64, copy=False), pad, constant_values=-1)
             scores = np.pad(self._rescore(queries, cand), pad, constant_values=-np.inf)
-            out_ids[start : start + len(queries)], out_scores[start : start + len(queries)] = _merge_topk(ids, scores, k)
+            out_ids[start : start + len(queries)], out_scores[start : start + len(queries)] = merge_topk(ids, scores, k)
         return out_ids, out_scores
 
     def _rescore(self, queries: np.ndarray, cand: np.ndarray) -> np.ndarray:
@@ -183,8 +184,9 @@ class AnnIndex:
         return out
 
 
-def search_block(index: "AnnIndex | bytes | np.ndarray", query_features: np.ndarray, cfg: SeedConfig
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def search_block(
+    index: "AnnIndex | bytes | np.ndarray", query_features: np.ndarray, cfg: SeedConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """The dense seeds of one block of queries from an index or its serialised bytes, with
     ``cfg``'s k0, nprobe and extra candidates: what a task of a distributed seeding run calls. A
     serialised index is deserialised once per process (by its build id) and reused by later blocks."""
@@ -217,13 +219,12 @@ def _loaded(data: bytes | np.ndarray) -> AnnIndex:
     return index
 
 
-def sample_recall(query_features: np.ndarray, node_features: np.ndarray, index: AnnIndex, cfg: SeedConfig,
-                  sample: int = 1_000, seed: int = 0) -> dict:
+def sample_recall(
+    query_features: np.ndarray, node_features: np.ndarray, index: AnnIndex, cfg: SeedConfig, sample: int = 1_000, seed: int = 0
+) -> dict:
     """Top-k0 recall of the index against exact search on a seeded sample of the queries (exact over
     every node for that sample only, about sample / Q of the exact stage): the share of the exact
     top-k0 ids (padding excluded) that the index's rows hold, and the share of identical rows."""
-    from seeder.retrieve.seeds import dense_seeds
-
     num = len(query_features)
     rows = np.sort(np.random.default_rng(seed).choice(num, size=min(sample, num), replace=False))
     queries = np.asarray(query_features[rows], dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The common output of every retriever."""
+"""The common output of every retriever, and the per-query ranking of flat arrays they share."""
 
 from __future__ import annotations
 
@@ -26,3 +26,12 @@ class RetrievalResult:
             raise ValueError("ranking must be [Q, L] with one query id and one set size per row")
         if len(self.set_size) and self.set_size.max(initial=0) > self.ranking.shape[1]:
             raise ValueError("set_size exceeds the ranking width")
+
+
+def group_rank(group: np.ndarray, score: np.ndarray, tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order flat items by (group, -score, tiebreak); return (order, rank of each ordered item in its group)."""
+    order = np.lexsort((tiebreak, -score, group))
+    g = group[order]
+    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1] if len(g) else np.zeros(0, dtype=np.int64)
+    first = np.repeat(starts, np.diff(np.r_[starts, len(g)]))
+    return order, np.arange(len(g)) - first

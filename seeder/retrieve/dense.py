@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from seeder.config import SeederConfig
+from seeder.data.subgraphs import SubgraphSet
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.registry import register
 from seeder.retrieve.seeds import dense_seeds
-from seeder.subgraphs import SubgraphSet
 
 
 def ranking_length(config: SeederConfig) -> int:

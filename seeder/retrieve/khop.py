@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seeder.config import AUTO, ConfigError, ExpandConfig, RelationScore, SeederConfig, choices
-from seeder.io import DataError
+from seeder.data.subgraphs import SubgraphSet, _offsets, sorted_lookup
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.khop_kernels import expand_hops, induced_edges_kernel
 from seeder.retrieve.paths import sampled_slices
 from seeder.retrieve.prior import OFF_PATH_TERM
 from seeder.retrieve.registry import register
-from seeder.subgraphs import SubgraphSet, _offsets, sorted_lookup
+from seeder.system.io import DataError
 
 RELATION_SCORES = choices(RelationScore)
 
@@ -165,13 +165,13 @@ def _check_config(cfg: ExpandConfig) -> None:
             f"so leave expand.hops out to use the artifacts' value"
         )
     if len(cfg.keep_per_hop) != cfg.hops:
-        raise ConfigError(
-            f"expand.keep_per_hop has {len(cfg.keep_per_hop)} entries but expand.hops={cfg.hops}; give one per hop"
-        )
+        raise ConfigError(f"expand.keep_per_hop has {len(cfg.keep_per_hop)} entries but expand.hops={cfg.hops}; give one per hop")
     if len(cfg.weights) != 3:
         raise ConfigError(f"expand.weights needs 3 values (w1 sim(q,u), w2 sim(q,v), w3 sim(q,r)), got {cfg.weights}")
     if cfg.relation_score == AUTO:
-        raise ConfigError("expand.relation_score=auto is resolved by preprocessing (seeder.derive); expand with the resolved config")
+        raise ConfigError(
+            "expand.relation_score=auto is resolved by preprocessing (seeder.preprocessing.derive); expand with the resolved config"
+        )
     if cfg.budget < 1 or cfg.neighbor_cap < 1 or cfg.candidate_cap < 1 or min(cfg.keep_per_hop, default=0) < 0:
         raise ConfigError("expand.budget, neighbor_cap and candidate_cap must be positive, keep_per_hop >= 0")
 
@@ -224,11 +224,27 @@ def expand_batch(
         trie_children = np.zeros((0, 0), np.int64)
     sampled_ids, sampled_neighbors, sampled_relations = graph.capped_samples(cfg.neighbor_cap)
     counts, nodes, hop, score, path_end = expand_hops(
-        _frozen(graph.indptr), _frozen(graph.neighbors), _frozen(graph.relations), _frozen(sampled_ids),
-        _frozen(sampled_neighbors), _frozen(sampled_relations), _frozen(node_features),
-        query_features, seeds, np.asarray(cfg.keep_per_hop, dtype=np.int64), cfg.budget, cfg.neighbor_cap,
-        cfg.candidate_cap, np.asarray(cfg.weights, dtype=np.float32), cfg.parent_term == "score", learned,
-        relation_features, path_terms, trie_children, end_terms, np.float32(OFF_PATH_TERM),
+        _frozen(graph.indptr),
+        _frozen(graph.neighbors),
+        _frozen(graph.relations),
+        _frozen(sampled_ids),
+        _frozen(sampled_neighbors),
+        _frozen(sampled_relations),
+        _frozen(node_features),
+        query_features,
+        seeds,
+        np.asarray(cfg.keep_per_hop, dtype=np.int64),
+        cfg.budget,
+        cfg.neighbor_cap,
+        cfg.candidate_cap,
+        np.asarray(cfg.weights, dtype=np.float32),
+        cfg.parent_term == "score",
+        learned,
+        relation_features,
+        path_terms,
+        trie_children,
+        end_terms,
+        np.float32(OFF_PATH_TERM),
     )
     clock("hops")
     out = {
@@ -248,10 +264,17 @@ def induced_edges(graph: GraphIndex, nodes: np.ndarray, node_ptr: np.ndarray) ->
     """Every directed KG edge among each query's selected nodes (``nodes[node_ptr[q]:node_ptr[q+1]]``,
     distinct), once, as local indices + base relation, sorted by (query, src, dst, relation)."""
     counts, src, dst, rel = induced_edges_kernel(
-        _frozen(graph.indptr), _frozen(graph.neighbors), _frozen(graph.relations), graph.num_relations,
-        graph.num_nodes, _frozen(graph.heavy_mask), _frozen(graph.heavy_nodes), _frozen(graph.heavy_keys),
+        _frozen(graph.indptr),
+        _frozen(graph.neighbors),
+        _frozen(graph.relations),
+        graph.num_relations,
+        graph.num_nodes,
+        _frozen(graph.heavy_mask),
+        _frozen(graph.heavy_nodes),
+        _frozen(graph.heavy_keys),
         _frozen(graph.heavy_rel),
-        np.ascontiguousarray(nodes, dtype=np.int64), np.ascontiguousarray(node_ptr, dtype=np.int64),
+        np.ascontiguousarray(nodes, dtype=np.int64),
+        np.ascontiguousarray(node_ptr, dtype=np.int64),
     )
     return {"edge_ptr": _offsets(counts), "edge_src": src, "edge_dst": dst, "edge_rel": rel}
 
@@ -314,8 +337,17 @@ def expand_queries(
             inputs = prior.inputs(query_features[lo:hi], profile, None if texts is None else list(texts[lo:hi]), names)
             (terms, ends), children = prior.path_terms(inputs), prior.trie.children
         chunks.append(
-            expand_batch(graph, node_features, relation_features, query_features[lo:hi], seeds[lo:hi], expand_config,
-                         path_terms=terms, trie_children=children, end_terms=ends)
+            expand_batch(
+                graph,
+                node_features,
+                relation_features,
+                query_features[lo:hi],
+                seeds[lo:hi],
+                expand_config,
+                path_terms=terms,
+                trie_children=children,
+                end_terms=ends,
+            )
         )
         if progress is not None:
             progress(hi)

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from seeder.config import ConfigError, PriorConfig
-from seeder.subgraphs import sorted_lookup
+from seeder.data.subgraphs import sorted_lookup
 
 ROOT = 1
 """The code of the empty path (the seeds themselves)."""
@@ -52,8 +52,7 @@ def max_code(num_relation_ids: int, length: int) -> int:
 def check_code_range(num_relation_ids: int, length: int) -> None:
     if max_code(num_relation_ids, length) >= 2**62:
         raise ConfigError(
-            f"relation paths of length {length} over {num_relation_ids} relation ids do not fit an int64 code; "
-            f"lower expand.hops"
+            f"relation paths of length {length} over {num_relation_ids} relation ids do not fit an int64 code; lower expand.hops"
         )
 
 
@@ -175,8 +174,9 @@ def golden_paths(
     return {k: v[order] for k, v in flat.items()}
 
 
-def golden_paths_batched(kg, seeds: np.ndarray, answer_ptr: np.ndarray, answers: np.ndarray, max_length: int,
-                         cfg: PriorConfig) -> dict[str, np.ndarray]:
+def golden_paths_batched(
+    kg, seeds: np.ndarray, answer_ptr: np.ndarray, answers: np.ndarray, max_length: int, cfg: PriorConfig
+) -> dict[str, np.ndarray]:
     """``golden_paths`` over ``cfg.batch_queries`` queries at a time (bounds the flat arrays' memory)."""
     indptr, neighbors, relations = kg.indptr, kg.neighbors, kg.edge_relations
     parts = []
@@ -184,9 +184,13 @@ def golden_paths_batched(kg, seeds: np.ndarray, answer_ptr: np.ndarray, answers:
     for lo in range(0, len(seeds), step):
         hi = min(lo + step, len(seeds))
         ptr = answer_ptr[lo : hi + 1]
-        part = golden_paths(indptr, neighbors, relations, kg.num_relations, seeds[lo:hi], ptr - ptr[0],
-                            answers[ptr[0] : ptr[-1]], max_length, cfg)
+        part = golden_paths(
+            indptr, neighbors, relations, kg.num_relations, seeds[lo:hi], ptr - ptr[0], answers[ptr[0] : ptr[-1]], max_length, cfg
+        )
         part["query"] = part["query"] + lo
         parts.append(part)
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else golden_paths(
-        indptr, neighbors, relations, kg.num_relations, seeds[:0], answer_ptr[:1], answers[:0], max_length, cfg)
+    return (
+        {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        if parts
+        else golden_paths(indptr, neighbors, relations, kg.num_relations, seeds[:0], answer_ptr[:1], answers[:0], max_length, cfg)
+    )

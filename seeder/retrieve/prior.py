@@ -39,14 +39,21 @@ from pathlib import Path
 import numpy as np
 
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
-from seeder.io import DataError
+from seeder.data.subgraphs import sorted_lookup
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
 from seeder.retrieve.wording import WORDING_VERSION, question_form
-from seeder.subgraphs import sorted_lookup
+from seeder.system.io import DataError
 
 
-def path_targets(query: np.ndarray, code: np.ndarray, hits: np.ndarray, reached: np.ndarray, answers: np.ndarray,
-                 keep_ratio: float, num_relation_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def path_targets(
+    query: np.ndarray,
+    code: np.ndarray,
+    hits: np.ndarray,
+    reached: np.ndarray,
+    answers: np.ndarray,
+    keep_ratio: float,
+    num_relation_ids: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per golden-path row: keep it as a target of its query? Returns (rows kept, their weight, F1).
 
     ``answers`` is the query's answer count, per row. Rows must be sorted by (query, code). A path
@@ -187,8 +194,9 @@ OFF_PATH_TERM = float(np.log(MASS_FLOOR))
 
 def all_paths(num_relation_ids: int, max_length: int) -> np.ndarray:
     """Every path code of length 1..max_length, ascending (level by level, first relation major)."""
-    return np.concatenate([num_relation_ids**h + np.arange(num_relation_ids**h, dtype=np.int64)
-                           for h in range(1, max_length + 1)])
+    return np.concatenate(
+        [num_relation_ids**h + np.arange(num_relation_ids**h, dtype=np.int64) for h in range(1, max_length + 1)]
+    )
 
 
 @dataclass
@@ -212,8 +220,9 @@ class RelationPathPrior:
     bag_weight: float = 0.0
     wording_dim: int = 0  # width of the question_form block of the inputs (0: the prior does not read it)
 
-    def inputs(self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None,
-               seed_names: list[list[str]] | None) -> np.ndarray:
+    def inputs(
+        self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
+    ) -> np.ndarray:
         """``prior_inputs`` for this prior: the wording block is computed when the prior was trained
         with one (then ``texts`` and ``seed_names`` are required)."""
         if not self.wording_dim:
@@ -287,8 +296,14 @@ class RelationPathPrior:
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         np.savez(directory / "prior.npz", w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2, vocab=self.vocab)
-        meta = {"num_relation_ids": self.num_relation_ids, "model": self.model, "max_length": self.max_length,
-                "bag_weight": self.bag_weight, "wording_dim": self.wording_dim, "wording_version": WORDING_VERSION}
+        meta = {
+            "num_relation_ids": self.num_relation_ids,
+            "model": self.model,
+            "max_length": self.max_length,
+            "bag_weight": self.bag_weight,
+            "wording_dim": self.wording_dim,
+            "wording_version": WORDING_VERSION,
+        }
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
 
     @classmethod
@@ -301,13 +316,21 @@ class RelationPathPrior:
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
-            raise DataError(f"{directory}: the relation-path prior was trained on question-wording features of version "
-                            f"{info.get('wording_version')}, this seeder computes version {WORDING_VERSION}; rerun "
-                            "preprocessing to retrain the prior and the subgraphs")
+            raise DataError(
+                f"{directory}: the relation-path prior was trained on question-wording features of version "
+                f"{info.get('wording_version')}, this seeder computes version {WORDING_VERSION}; rerun "
+                "preprocessing to retrain the prior and the subgraphs"
+            )
         info.pop("wording_version", None)
-        return cls(**arrays, num_relation_ids=int(info.pop("num_relation_ids")), model=info.pop("model", "path"),
-                   max_length=int(info.pop("max_length", 0)), bag_weight=float(info.pop("bag_weight", 0.0)),
-                   wording_dim=int(info.pop("wording_dim", 0)), info=info)
+        return cls(
+            **arrays,
+            num_relation_ids=int(info.pop("num_relation_ids")),
+            model=info.pop("model", "path"),
+            max_length=int(info.pop("max_length", 0)),
+            bag_weight=float(info.pop("bag_weight", 0.0)),
+            wording_dim=int(info.pop("wording_dim", 0)),
+            info=info,
+        )
 
 
 def train_prior(
@@ -372,8 +395,10 @@ def _fit_prior(
     import torch
 
     if len(code) == 0:
-        raise DataError("no relation path leads from the training questions' seeds to their answers; "
-                        "use expand.relation_score=cosine, or check the seeds and expand.hops")
+        raise DataError(
+            "no relation path leads from the training questions' seeds to their answers; "
+            "use expand.relation_score=cosine, or check the seeds and expand.hops"
+        )
     if cfg.model == "hops":
         # Every path of up to max_length relations; targets are per hop (relation or stop).
         max_length = int(path_length(code, num_relation_ids).max())
@@ -386,8 +411,9 @@ def _fit_prior(
         order = np.lexsort((uniq, -counts))
         vocab = np.sort(uniq[order][counts[order] >= cfg.min_count][: cfg.max_paths])
         if len(vocab) == 0:
-            raise DataError(f"no relation path is a target of prior.min_count={cfg.min_count} training questions; "
-                            "lower prior.min_count")
+            raise DataError(
+                f"no relation path is a target of prior.min_count={cfg.min_count} training questions; lower prior.min_count"
+            )
         slot = np.searchsorted(vocab, code)
         in_vocab = vocab[np.minimum(slot, len(vocab) - 1)] == code
         query, slot, weight, code = query[in_vocab], slot[in_vocab], weight[in_vocab], code[in_vocab]
@@ -429,8 +455,14 @@ def _fit_prior(
     d, hidden = x.shape[1], cfg.hidden_dim
     net = torch.nn.Sequential(torch.nn.Linear(d, hidden), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(hidden, out_width))
     if start is not None:
-        net.load_state_dict({"0.weight": torch.from_numpy(start.w1.T.copy()), "0.bias": torch.from_numpy(start.b1),
-                             "2.weight": torch.from_numpy(start.w2.T.copy()), "2.bias": torch.from_numpy(start.b2)})
+        net.load_state_dict(
+            {
+                "0.weight": torch.from_numpy(start.w1.T.copy()),
+                "0.bias": torch.from_numpy(start.b1),
+                "2.weight": torch.from_numpy(start.w2.T.copy()),
+                "2.bias": torch.from_numpy(start.b2),
+            }
+        )
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     xt, yt = torch.from_numpy(x[~held]), torch.from_numpy(fit_targets[~held])
     xv, yv = torch.from_numpy(x[held]), torch.from_numpy(fit_targets[held])
@@ -464,9 +496,17 @@ def _fit_prior(
     net.load_state_dict(best_state)
     sd = {k: v.numpy() for k, v in net.state_dict().items()}
     prior = RelationPathPrior(
-        w1=sd["0.weight"].T.copy(), b1=sd["0.bias"].copy(), w2=sd["2.weight"].T.copy(), b2=sd["2.bias"].copy(),
-        vocab=vocab, num_relation_ids=num_relation_ids, info={}, model=cfg.model, max_length=max_length,
-        bag_weight=cfg.bag_weight if cfg.model == "hops" else 0.0, wording_dim=wording_dim,
+        w1=sd["0.weight"].T.copy(),
+        b1=sd["0.bias"].copy(),
+        w2=sd["2.weight"].T.copy(),
+        b2=sd["2.bias"].copy(),
+        vocab=vocab,
+        num_relation_ids=num_relation_ids,
+        info={},
+        model=cfg.model,
+        max_length=max_length,
+        bag_weight=cfg.bag_weight if cfg.model == "hops" else 0.0,
+        wording_dim=wording_dim,
     )
     # Held-out accuracy: the predicted path (as used, seeds' profile applied) is one of the question's targets.
     top = prior.probs(x[held]).argmax(axis=1)
@@ -481,7 +521,9 @@ def _fit_prior(
         "held_out_top1_is_target": round(float(hit.mean()) if len(hit) else float("nan"), 4),
         "epochs": epoch,
     }
-    echo(f"prior: {len(vocab):,} relation paths, {len(rows):,} questions; held-out loss {best:.4f}, "
-         f"top path is a target for {info['held_out_top1_is_target']:.3f} ({epoch} epochs)")
+    echo(
+        f"prior: {len(vocab):,} relation paths, {len(rows):,} questions; held-out loss {best:.4f}, "
+        f"top path is a target for {info['held_out_top1_is_target']:.3f} ({epoch} epochs)"
+    )
     prior.info = info
     return prior

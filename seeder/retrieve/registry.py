@@ -20,13 +20,13 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from seeder.config import ConfigError, SeederConfig
+from seeder.data.subgraphs import SubgraphSet
 from seeder.retrieve.base import RetrievalResult
-from seeder.subgraphs import SubgraphSet
 
 METHOD_MODULES = [
     "seeder.retrieve.dense",  # dense
     "seeder.retrieve.khop",  # khop
-    "seeder.retrieve.learned",  # seeder (the trained policy; needs --model)
+    "seeder.evaluation.learned",  # seeder (the trained policy; needs --model)
     "seeder.retrieve.baselines.registration",  # the paper's baselines (G-Retriever, PPR, BM25, ...)
 ]
 

@@ -26,8 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seeder.config import AUTO, ConfigError, SeedConfig, SeedStrategy, choices
-from seeder.io import DataError
-from seeder.mapped import release
+from seeder.retrieve.ann import AnnIndex, check_ann_config, derived_nlist, search_block
+from seeder.retrieve.topk import (  # noqa: F401 (dense_seeds and the screens are public here too)
+    SCREENS,
+    dense_seeds,
+    merge_topk,
+    pad_rows,
+    resolve_screen,
+    row_cosines,
+    screen_error,
+)
+from seeder.system.io import DataError
 
 STRATEGIES = ("dense", "entity", "dense+entity")  # what select_seeds combines
 # Every seed.strategy: bm25 and hybrid come from the baselines, given reads a query attribute.
@@ -44,142 +53,6 @@ STOP_WORDS = frozenset(
 every question would match them."""
 
 
-# ---------------------------------------------------------------------------------------------------
-# Exact blocked top-k, screened
-
-
-def _merge_topk(ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best k per row by (score descending, id ascending); padding (-1, -inf) sorts last."""
-    pad = ids < 0
-    order = np.lexsort((np.where(pad, np.iinfo(np.int64).max, ids), -scores), axis=-1)[:, :k]
-    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
-
-
-SCREENS = ("float32", "bfloat16")
-BF16_ROUNDING = 2.0**-7
-"""Bound on |bfloat16 product - exact product| for unit vectors: both inputs rounded to bfloat16 (8
-significant bits, at most 2^-9 relative each, 2^-8 for a product of two) and the output rounded to
-bfloat16 (2^-9 of a value of at most 1), with float32 accumulation in between: 2^-8 + 2^-9 < 2^-7."""
-
-
-def resolve_screen(screen: str) -> str:
-    """``seed.screen`` resolved: ``auto`` is ``bfloat16`` on a CPU with native bfloat16 products, else
-    ``float32`` (emulated bfloat16 is slower than float32)."""
-    if screen == "auto":
-        from seeder.bert import native_bfloat16
-
-        return "bfloat16" if native_bfloat16() else "float32"
-    if screen not in SCREENS:
-        raise ConfigError(f"seed.screen={screen!r}: choose auto, {' or '.join(SCREENS)}")
-    return screen
-
-
-def screen_error(screen: str, dim: int) -> float:
-    """How far a screen's score of two unit vectors can lie from ``row_cosines``' (per unit of
-    ``|q| * |x|``): each sums ``dim`` float32 products, within ``dim * 2^-24`` of the true value in any
-    order; a bfloat16 screen adds its rounding (``BF16_ROUNDING``)."""
-    accumulation = 2 * dim * 2.0**-24
-    return accumulation + (BF16_ROUNDING if screen == "bfloat16" else 0.0)
-
-
-def _kth_largest(scores, rows: np.ndarray, k: int) -> np.ndarray:
-    """The k-th largest screen score of each of ``rows`` (numpy float32 or torch bfloat16 scores: each
-    kind stays in its own library, whose thread pool would otherwise fight the other's)."""
-    if isinstance(scores, np.ndarray):
-        return -np.partition(-scores[rows], k - 1, axis=1)[:, k - 1]
-    import torch
-
-    return torch.topk(scores[torch.from_numpy(rows)], k, dim=1).values[:, -1].float().numpy()
-
-
-def _at_least(scores, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, columns) of the screen scores at or above their row's ``threshold``, rows ascending."""
-    if isinstance(scores, np.ndarray):
-        live = np.flatnonzero(scores.max(axis=1) >= threshold)  # a fast reduction first
-        sub_rows, cols = np.nonzero(scores[live] >= threshold[live, None])
-        return live[sub_rows], cols
-    import torch
-
-    limit = torch.from_numpy(threshold.astype(np.float32))
-    live = torch.nonzero(scores.amax(dim=1) >= limit).flatten()
-    sub_rows, cols = torch.nonzero(scores[live] >= limit[live, None], as_tuple=True)
-    return live[sub_rows].numpy(), cols.numpy()
-
-
-def dense_seeds(
-    query_features: np.ndarray,
-    node_features: np.ndarray,
-    k0: int,
-    block_nodes: int = 131_072,
-    block_queries: int = 512,
-    screen: str = "auto",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``k0`` nodes by cosine for every query: (ids int64 [Q, k0], scores float32 [Q, k0]).
-
-    Features are L2-normalised, so the dot product is the cosine. Rows are best first, ties broken by
-    the smaller node id; with fewer than k0 nodes the rest is padded with id -1 and score -inf.
-    ``node_features`` may be a memmap: it is read once, one block of ``block_nodes`` rows at a time,
-    each block scored against every query, ``block_queries`` at a time, and then released from this
-    process (``seeder.mapped.release``), so neither the features nor more than ``block_queries x
-    block_nodes`` scores are ever resident at once.
-
-    Each block is first scored by a matrix product in ``screen`` precision (``resolve_screen``; a
-    bfloat16 product runs 2-3x as fast as float32 on a CPU with native bfloat16). Only the nodes whose
-    screen score comes within ``screen_error`` of the query's running k-th best are scored again
-    exactly (``row_cosines``), and the top-k is kept on those: a node of the true top-k can never be
-    screened out, so the result is the same in either precision, bit for bit.
-    """
-    if k0 < 1:
-        raise ConfigError(f"seed.k0 must be at least 1, got {k0}")
-    if block_nodes < 1 or block_queries < 1:
-        raise ConfigError("seed.block_nodes and seed.block_queries must be positive")
-    screen = resolve_screen(screen)
-    if screen == "bfloat16":
-        import torch
-    query_features = np.array(query_features, dtype=np.float32, order="C")  # writeable, for torch
-    num_queries, num_nodes = len(query_features), len(node_features)
-    if num_nodes and query_features.shape[1] != node_features.shape[1]:
-        raise ValueError(
-            f"query features have dimension {query_features.shape[1]} but node features {node_features.shape[1]}"
-        )
-    error = screen_error(screen, query_features.shape[1]) * np.linalg.norm(query_features, axis=1)
-    screen_queries = torch.from_numpy(query_features).to(torch.bfloat16) if screen == "bfloat16" else None
-    best_ids = np.full((num_queries, k0), -1, dtype=np.int64)
-    best_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
-    for n_start in range(0, num_nodes, block_nodes):
-        view = node_features[n_start : n_start + block_nodes]
-        block = np.ascontiguousarray(view, dtype=np.float32)
-        # A memmap's rows are read-only, and torch wraps only writeable arrays.
-        screen_block = (torch.from_numpy(block if block.flags.writeable else block.copy()).to(torch.bfloat16).T
-                        if screen == "bfloat16" else None)
-        widest = np.sqrt(np.einsum("ij,ij->i", block, block).max())
-        for q_start in range(0, num_queries, block_queries):
-            rows_of = slice(q_start, q_start + block_queries)
-            queries = query_features[rows_of]
-            scores = screen_queries[rows_of] @ screen_block if screen == "bfloat16" else queries @ block.T
-            slack = error[rows_of] * widest
-            # A node of the final top-k scores exactly at least the running k-th best, so its screen
-            # score is at least that minus the slack...
-            threshold = best_scores[rows_of, -1] - slack
-            unfilled = np.flatnonzero(~np.isfinite(threshold))
-            if len(unfilled):
-                # ...and, while a query has fewer than k, it is in its block's exact top-k, whose k-th
-                # exact score is at least the block's k-th screen score minus the slack.
-                kth = _kth_largest(scores, unfilled, k0) if k0 < len(block) else -np.inf  # all are in
-                threshold[unfilled] = kth - 2 * slack[unfilled]
-            rows, cols = _at_least(scores, threshold)
-            if len(rows) == 0:
-                continue
-            ids, values = _pad_rows(rows, cols.astype(np.int64) + n_start, row_cosines(queries, block, rows, cols),
-                                    len(queries))
-            best_ids[rows_of], best_scores[rows_of] = _merge_topk(
-                np.concatenate([best_ids[rows_of], ids], axis=1),
-                np.concatenate([best_scores[rows_of], values], axis=1), k0,
-            )
-        release(view)
-    return best_ids, best_scores
-
-
 ANN_QUERIES_PER_LIST = 10
 """``seed.search: auto`` builds an index only for at least this many queries per index list: building
 files every node under its nearest of ``nlist`` centroids, about as many products as the exact search
@@ -190,8 +63,6 @@ question at the retriever, the derivation's sample)."""
 def resolve_search(cfg: SeedConfig, num_nodes: int, num_queries: int | None = None) -> str:
     """``exact`` or ``ann``: what ``seed.search`` means for this graph and batch (see ``SeedConfig.search``).
     ``num_queries=None`` leaves the batch size out (a caller with a prebuilt index)."""
-    from seeder.retrieve.ann import check_ann_config, derived_nlist
-
     if cfg.search != "exact":
         check_ann_config(cfg)
     if cfg.search != "auto" or num_nodes == 0:
@@ -203,8 +74,9 @@ def resolve_search(cfg: SeedConfig, num_nodes: int, num_queries: int | None = No
     return "ann"
 
 
-def dense_search(query_features: np.ndarray, node_features: np.ndarray, cfg: SeedConfig, index=None,
-                 search: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def dense_search(
+    query_features: np.ndarray, node_features: np.ndarray, cfg: SeedConfig, index=None, search: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-``cfg.k0`` dense seeds of every query, exact or from the ANN index per ``seed.search`` (or
     ``search`` when given, already resolved): the one place that chooses. ``index`` (an ``AnnIndex``)
     is reused when given, else built here over ``node_features`` when the index is chosen. Same format
@@ -212,31 +84,7 @@ def dense_search(query_features: np.ndarray, node_features: np.ndarray, cfg: See
     search = search or resolve_search(cfg, len(node_features), None if index is not None else len(query_features))
     if search == "exact":
         return dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries, screen=cfg.screen)
-    from seeder.retrieve.ann import AnnIndex, search_block
-
     return search_block(index if index is not None else AnnIndex.build(node_features, cfg), query_features, cfg)
-
-
-def _pad_rows(rows: np.ndarray, ids: np.ndarray, values: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Flat (row, id, value) entries, rows ascending -> [num_rows, widest row] padded with (-1, -inf)."""
-    counts = np.bincount(rows, minlength=num_rows)
-    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
-    out_ids = np.full((num_rows, int(counts.max())), -1, dtype=np.int64)
-    out_values = np.full(out_ids.shape, -np.inf, dtype=np.float32)
-    out_ids[rows, within], out_values[rows, within] = ids, values
-    return out_ids, out_values
-
-
-def row_cosines(query_features: np.ndarray, node_features: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """cos(query ``rows[i]``, node ``ids[i]``) for flat pairs (float32): the score of record of exact and
-    approximate search alike, one float32 dot product per pair whatever block or batch it came in."""
-    if len(ids) == 0:
-        return np.zeros(0, dtype=np.float32)
-    order = np.argsort(ids, kind="stable")  # sorted reads are kinder to a memmap
-    nodes = np.asarray(node_features[ids[order]], dtype=np.float32)
-    out = np.empty(len(ids), dtype=np.float32)
-    out[order] = np.einsum("ij,ij->i", nodes, np.asarray(query_features, dtype=np.float32)[rows[order]])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,8 +216,10 @@ def given_seeds(kg, query_ids: np.ndarray, attribute: str) -> list[np.ndarray]:
     ids = np.where(valid, np.nan_to_num(ids.astype(np.float64), nan=-1), -1).astype(np.int64)
     bad = valid & ((ids < 0) | (ids >= kg.num_nodes))
     if bad.any():
-        raise DataError(f"{kg.path}: query {int(query_ids[np.flatnonzero(bad)[0]])} names node "
-                        f"{int(ids[np.flatnonzero(bad)[0]])} in {attribute!r}, which is not a node of the graph")
+        raise DataError(
+            f"{kg.path}: query {int(query_ids[np.flatnonzero(bad)[0]])} names node "
+            f"{int(ids[np.flatnonzero(bad)[0]])} in {attribute!r}, which is not a node of the graph"
+        )
     return [np.array([i], np.int64) if i >= 0 else np.zeros(0, np.int64) for i in ids.tolist()]
 
 
@@ -475,12 +325,14 @@ def seed_queries(
     (ids, scores) as ``dense_seeds`` does (preprocessing spreads it over Ray tasks)."""
     cfg = config.seed
     if cfg.strategy == AUTO:
-        raise ConfigError("seed.strategy=auto is resolved by preprocessing (seeder.derive); seed with the resolved config")
+        raise ConfigError(
+            "seed.strategy=auto is resolved by preprocessing (seeder.preprocessing.derive); seed with the resolved config"
+        )
     if cfg.strategy not in ("dense", "given") and texts is None:
         raise ConfigError(f"seed.strategy={cfg.strategy!r} needs the query texts")
     combine, linked = cfg.strategy, None
     if cfg.strategy == "bm25":
-        from seeder.retrieve.baselines.bm25 import bm25_seeds
+        from seeder.retrieve.lexical import bm25_seeds  # bm25s only for the strategies that use it
 
         # BM25 seeds first; dense seeds fill queries that share no term with any node text.
         bm25_ids, _ = bm25_seeds(kg, texts, cfg.k0, config.baselines)
@@ -492,10 +344,12 @@ def seed_queries(
         linked = given if given is not None else given_seeds(kg, query_ids, cfg.given_attribute)
         combine = "dense+entity"  # the given node first; dense seeds fill queries without one
     if cfg.strategy == "hybrid":
-        from seeder.retrieve.baselines.bm25 import hybrid_seeds
+        from seeder.retrieve.lexical import hybrid_seeds  # bm25s only for the strategies that use it
 
-        # Reciprocal rank fusion of BM25 and dense replaces the dense ranking.
-        dense_ids, dense_scores = hybrid_seeds(kg, texts, query_features, node_features, cfg.k0, config.baselines)
+        # Reciprocal rank fusion of BM25 and the exact dense ranking replaces the dense ranking.
+        pool = max(config.baselines.hybrid.pool, 1)
+        dense_pool, _ = dense_seeds(query_features, node_features, pool)
+        dense_ids, dense_scores = hybrid_seeds(kg, texts, dense_pool, cfg.k0, config.baselines)
         combine = "dense"
     else:
         # Dense seeds only where they can enter: a query with k0 distinct linked seeds keeps those

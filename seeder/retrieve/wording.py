@@ -48,6 +48,8 @@ def distance_bucket(distance: np.ndarray) -> np.ndarray:
     magnitude = np.abs(distance)
     far = EXACT_DISTANCE + 1 + np.minimum((magnitude - EXACT_DISTANCE - 1) // 3, 2)
     return np.sign(distance) * np.where(magnitude <= EXACT_DISTANCE, magnitude, far)
+
+
 # Distinct salts keep the three feature families apart in the hashed space.
 _PAIR, _DISTANCE, _NO_ENTITY = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
 

@@ -13,8 +13,25 @@ def test_the_graphs_take_turns_and_the_best_run_of_each_is_reported(monkeypatch,
     order = []
     run = bench.Workload.run
     monkeypatch.setattr(bench.Workload, "run", lambda self: (order.append(self.label), run(self)))
-    monkeypatch.setattr(sys, "argv", ["bench_expand.py", "--nodes", "20000", "--edges", "200000", "--small-nodes",
-                                      "5000", "--hub-degree", "2000", "--queries", "60", "--repeats", "3"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_expand.py",
+            "--nodes",
+            "20000",
+            "--edges",
+            "200000",
+            "--small-nodes",
+            "5000",
+            "--hub-degree",
+            "2000",
+            "--queries",
+            "60",
+            "--repeats",
+            "3",
+        ],
+    )
     bench.main()
     assert order == ["small", "large"] * 3
     out = capsys.readouterr().out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seeder.store import build_csr
+from seeder.data.store import build_csr
 from tests.benchmarks import load_script
 
 

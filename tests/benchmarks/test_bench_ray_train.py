@@ -21,13 +21,33 @@ def test_each_round_compares_its_epochs_mean_with_its_process_and_the_median_cou
 def test_bench_train_writes_the_figure_it_prints(tmp_path, monkeypatch, capsys):
     bench = load_script("bench_train")
     path = tmp_path / "figures.json"
-    monkeypatch.setattr(sys, "argv", ["bench_train.py", "--nodes", "40", "--steps", "2", "--batch-sizes", "4,8",
-                                      "--reference-queries", "0", "--threads", "1", "--json", str(path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_train.py",
+            "--nodes",
+            "40",
+            "--steps",
+            "2",
+            "--batch-sizes",
+            "4,8",
+            "--reference-queries",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+            str(path),
+        ],
+    )
     bench.main()
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("batched:")]
     figures = json.loads(path.read_text())
     assert figures["batch_sizes"] == [4, 8] and figures["threads"] == 1
-    assert [f"{rate:.0f} trajectories/s" in line for rate, line in zip(figures["trajectories_per_second"], printed)] == [True, True]
+    assert [f"{rate:.0f} trajectories/s" in line for rate, line in zip(figures["trajectories_per_second"], printed)] == [
+        True,
+        True,
+    ]
 
 
 def test_a_failed_command_stops_the_benchmark_and_names_its_log(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import torch
 
-from seeder.synth import toy_task
+from seeder.policy.toy import toy_task
 from tests.benchmarks import load_script
 
 
@@ -35,12 +35,28 @@ def test_a_saved_sample_gives_the_same_batches(tmp_path):
 def test_the_benchmark_runs_on_a_sample_and_prints_each_batch_size(tmp_path, monkeypatch, capsys):
     bench = load_script("bench_train")
     path = tmp_path / "sample.npz"
-    monkeypatch.setattr(sys, "argv", ["bench_train.py", "--nodes", "40", "--steps", "1", "--batch-sizes", "4",
-                                      "--sample-queries", "12", "--save-sample", str(path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_train.py",
+            "--nodes",
+            "40",
+            "--steps",
+            "1",
+            "--batch-sizes",
+            "4",
+            "--sample-queries",
+            "12",
+            "--save-sample",
+            str(path),
+        ],
+    )
     bench.main()
     assert "wrote 12 queries" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["bench_train.py", "--sample", str(path), "--steps", "2", "--batch-sizes", "4,8",
-                                      "--reference-queries", "1"])
+    monkeypatch.setattr(
+        sys, "argv", ["bench_train.py", "--sample", str(path), "--steps", "2", "--batch-sizes", "4,8", "--reference-queries", "1"]
+    )
     bench.main()
     out = capsys.readouterr().out
     assert "batch_size=4:" in out and "batch_size=8:" in out and "reference:" in out

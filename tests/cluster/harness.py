@@ -73,8 +73,9 @@ def cluster_unavailable_reason() -> str | None:
     if not Path(RAY).exists():
         return f"no `ray` CLI next to {sys.executable}"
     try:
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                              capture_output=True, text=True, timeout=20)
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`unshare --mount true` did not run: {exc}"
     if done.returncode != 0:
@@ -120,7 +121,7 @@ class S3Bucket:
     env: dict[str, str]
 
     def uri(self, prefix: str = "") -> str:
-        """``s3://bucket/prefix?endpoint_override=http://127.0.0.1:PORT&scheme=http``, as seeder/storage.py
+        """``s3://bucket/prefix?endpoint_override=http://127.0.0.1:PORT&scheme=http``, as seeder/system/storage.py
         and ``pyarrow.fs.FileSystem.from_uri`` take it."""
         path = f"{self.bucket}/{prefix.strip('/')}".rstrip("/")
         return f"s3://{path}?endpoint_override={self.endpoint}&scheme=http"
@@ -130,9 +131,14 @@ class S3Bucket:
         explicitly, so the test's own environment need not hold them)."""
         import pyarrow.fs as pafs
 
-        return pafs.S3FileSystem(access_key=self.env["AWS_ACCESS_KEY_ID"], secret_key=self.env["AWS_SECRET_ACCESS_KEY"],
-                                 region=self.env["AWS_DEFAULT_REGION"], endpoint_override=self.endpoint, scheme="http",
-                                 allow_bucket_creation=allow_bucket_creation)
+        return pafs.S3FileSystem(
+            access_key=self.env["AWS_ACCESS_KEY_ID"],
+            secret_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region=self.env["AWS_DEFAULT_REGION"],
+            endpoint_override=self.endpoint,
+            scheme="http",
+            allow_bucket_creation=allow_bucket_creation,
+        )
 
 
 @contextlib.contextmanager
@@ -285,7 +291,7 @@ class JobResult:
     def lines_with(self, prefix: str) -> list[str]:
         """The log lines that start with ``prefix``, without it: the way a job script hands values back
         (print ``RESULT {json}``, read ``lines_with("RESULT ")``)."""
-        return [line[len(prefix):] for line in self.logs.splitlines() if line.startswith(prefix)]
+        return [line[len(prefix) :] for line in self.logs.splitlines() if line.startswith(prefix)]
 
 
 @dataclass
@@ -331,10 +337,18 @@ class Cluster:
         """Explicit free ports for every server a node starts: Ray's defaults (52365 for the agent,
         10001 for the client server, 10002-19999 for workers) collide between nodes on one machine and
         with any other Ray running here. Workers' ports are left to the kernel (0)."""
-        names = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
+        names = [
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        ]
         return [f"{name}={port}" for name, port in zip(names, free_ports(len(names)))] + [
-            "--min-worker-port=0", "--max-worker-port=0"]
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+        ]
 
     def _spawn(self, name: str, script: str, env: Mapping[str, str]) -> Node:
         """Run ``script`` under bash in a new mount namespace (private propagation: nothing mounted
@@ -343,9 +357,14 @@ class Cluster:
         log = self.root / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=dict(env), start_new_session=True)
+            proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                start_new_session=True,
+            )
         host = mount_namespace(os.getpid())
         deadline = time.monotonic() + 20
         while True:
@@ -370,22 +389,46 @@ class Cluster:
         home = self.root / "head" / "home"
         home.mkdir(parents=True, exist_ok=True)
         (self.driver_dir / "cache").mkdir(parents=True, exist_ok=True)
-        env = dict(self.env, HOME=str(home), SEEDER_CACHE=str(self.driver_dir / "cache"),
-                   RAY_health_check_period_ms=str(health_check_period_ms),
-                   RAY_health_check_timeout_ms=str(max(health_check_period_ms, 1000)),
-                   RAY_health_check_failure_threshold=str(health_check_failure_threshold))
-        client_port, = free_ports(1)
-        args = [RAY, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={self.gcs_port}",
-                "--num-cpus=0", "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={self.dashboard_port}", f"--ray-client-server-port={client_port}",
-                f"--object-store-memory={self.object_store_memory}", f"--temp-dir={self.root / 'head' / 'ray'}",
-                "--disable-usage-stats", *self._ports()]
+        env = dict(
+            self.env,
+            HOME=str(home),
+            SEEDER_CACHE=str(self.driver_dir / "cache"),
+            RAY_health_check_period_ms=str(health_check_period_ms),
+            RAY_health_check_timeout_ms=str(max(health_check_period_ms, 1000)),
+            RAY_health_check_failure_threshold=str(health_check_failure_threshold),
+        )
+        (client_port,) = free_ports(1)
+        args = [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={self.gcs_port}",
+            "--num-cpus=0",
+            "--num-gpus=0",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={client_port}",
+            f"--object-store-memory={self.object_store_memory}",
+            f"--temp-dir={self.root / 'head' / 'ray'}",
+            "--disable-usage-stats",
+            *self._ports(),
+        ]
         self.head = self._spawn("head", "exec " + shlex.join(args), env)
         self.head.node_id = self._wait_for_node(self.head, lambda n: n.get("is_head_node"), timeout=90)
         return self.head
 
-    def add_worker(self, name: str, num_cpus: int = 1, resources: Mapping[str, float] | None = None,
-                   env: Mapping[str, str] | None = None, wait: bool = True, timeout: float = 90) -> Node:
+    def add_worker(
+        self,
+        name: str,
+        num_cpus: int = 1,
+        resources: Mapping[str, float] | None = None,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        timeout: float = 90,
+    ) -> Node:
         """Start worker node ``name`` (a fresh one if a node of that name was killed before) in its own
         mount namespace, where every directory in ``hidden`` is an empty tmpfs and its HOME,
         SEEDER_CACHE, TMPDIR and Ray temp dir are under ``root/w-NAME`` on that tmpfs. It gets the custom
@@ -396,15 +439,28 @@ class Cluster:
             raise ValueError(f"worker {name} is running; kill_worker it first")
         private = self.root / f"w-{name}"
         resource = f"node_{name}"
-        node_env = dict(self.env, HOME=str(private / "home"), SEEDER_CACHE=str(private / "cache"),
-                        TMPDIR=str(private / "tmp"), **(env or {}))
-        args = [RAY, "start", f"--address={self.address}", "--block", "--node-ip-address=127.0.0.1",
-                f"--num-cpus={num_cpus}", "--num-gpus=0", f"--resources={json.dumps({resource: 1, **(resources or {})})}",
-                f"--object-store-memory={self.object_store_memory}", f"--temp-dir={private / 'ray'}",
-                "--disable-usage-stats", *self._ports()]
+        node_env = dict(
+            self.env, HOME=str(private / "home"), SEEDER_CACHE=str(private / "cache"), TMPDIR=str(private / "tmp"), **(env or {})
+        )
+        args = [
+            RAY,
+            "start",
+            f"--address={self.address}",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            "--num-gpus=0",
+            f"--resources={json.dumps({resource: 1, **(resources or {})})}",
+            f"--object-store-memory={self.object_store_memory}",
+            f"--temp-dir={private / 'ray'}",
+            "--disable-usage-stats",
+            *self._ports(),
+        ]
         mounts = "\n".join(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(d))}" for d in self.hidden)
-        script = (f"set -e\n{mounts}\nmkdir -p {shlex.quote(str(private))}/home {shlex.quote(str(private))}/cache "
-                  f"{shlex.quote(str(private))}/tmp\nexec {shlex.join(args)}\n")
+        script = (
+            f"set -e\n{mounts}\nmkdir -p {shlex.quote(str(private))}/home {shlex.quote(str(private))}/cache "
+            f"{shlex.quote(str(private))}/tmp\nexec {shlex.join(args)}\n"
+        )
         known = {n.node_id for n in self.dead}
         node = self._spawn(name, script, node_env)
         node.resource, node.private = resource, private
@@ -419,8 +475,8 @@ class Cluster:
         node = self.workers[name]
         exclude = set(exclude) | {n.node_id for n in self.dead}
         node.node_id = self._wait_for_node(
-            node, lambda n: node.resource in (n.get("resources_total") or {}) and n["node_id"] not in exclude,
-            timeout=timeout)
+            node, lambda n: node.resource in (n.get("resources_total") or {}) and n["node_id"] not in exclude, timeout=timeout
+        )
         return node.node_id
 
     def _wait_for_node(self, node: Node, match, timeout: float) -> str:
@@ -469,8 +525,12 @@ class Cluster:
         """A JSON request to the dashboard with the cluster's token, from this process: no Ray import
         and no ``ray.init`` in the test process, so the test itself never becomes a driver."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.dashboard + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.dashboard + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read().decode())
 
@@ -487,9 +547,16 @@ class Cluster:
 
     # -- jobs -----------------------------------------------------------------
 
-    def submit_job(self, entrypoint: str | list[str], working_dir: str | os.PathLike = REPO,
-                   env: Mapping[str, str] | None = None, wait: bool = True, timeout: float = 300,
-                   submission_id: str | None = None, runtime_env: Mapping | None = None) -> JobResult:
+    def submit_job(
+        self,
+        entrypoint: str | list[str],
+        working_dir: str | os.PathLike = REPO,
+        env: Mapping[str, str] | None = None,
+        wait: bool = True,
+        timeout: float = 300,
+        submission_id: str | None = None,
+        runtime_env: Mapping | None = None,
+    ) -> JobResult:
         """Submit a job with ``ray job submit --no-wait`` (the path a user takes); with ``wait``, wait for
         it (``wait_job``) and return its status and logs, else return at once with status PENDING.
 
@@ -505,12 +572,25 @@ class Cluster:
         spec = dict(runtime_env or {})
         if env:
             spec["env_vars"] = {**spec.get("env_vars", {}), **env}
-        args = [RAY, "job", "submit", f"--address={self.dashboard}", f"--working-dir={working_dir}",
-                f"--submission-id={submission_id}", "--no-wait"]
+        args = [
+            RAY,
+            "job",
+            "submit",
+            f"--address={self.dashboard}",
+            f"--working-dir={working_dir}",
+            f"--submission-id={submission_id}",
+            "--no-wait",
+        ]
         if spec:
             args.append(f"--runtime-env-json={json.dumps(spec)}")
-        done = subprocess.run([*args, "--", *shlex.split(entrypoint)], capture_output=True, text=True,
-                              env=self.env, cwd=str(self.driver_dir), timeout=120)
+        done = subprocess.run(
+            [*args, "--", *shlex.split(entrypoint)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=str(self.driver_dir),
+            timeout=120,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"ray job submit failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         if not wait:
@@ -541,8 +621,12 @@ class Cluster:
                 break
             if time.monotonic() > deadline:
                 self.stop_job(submission_id)
-                return JobResult(submission_id, f"TIMEOUT({info.get('status')})", self.job_logs(submission_id),
-                                 f"did not finish in {timeout} s")
+                return JobResult(
+                    submission_id,
+                    f"TIMEOUT({info.get('status')})",
+                    self.job_logs(submission_id),
+                    f"did not finish in {timeout} s",
+                )
             time.sleep(0.5)
         return JobResult(submission_id, info["status"], self.job_logs(submission_id), info.get("message") or "")
 
@@ -577,8 +661,11 @@ class Cluster:
                 left.setdefault(node.name, _describe(node.pids()))
             node.release()
         assert not left, f"processes left after shutdown: {left}"
-        mounted = [line for line in Path("/proc/self/mounts").read_text().splitlines()
-                   if any(f" {d}" in line for d in [self.root, *self.hidden]) and line.startswith("tmpfs")]
+        mounted = [
+            line
+            for line in Path("/proc/self/mounts").read_text().splitlines()
+            if any(f" {d}" in line for d in [self.root, *self.hidden]) and line.startswith("tmpfs")
+        ]
         assert not mounted, f"tmpfs mounts in the host namespace: {mounted}"
 
     def debug_report(self, lines: int = 40) -> str:
@@ -613,10 +700,16 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     left unset on purpose: it defaults to true on Linux, and set to 0 it makes ``ray start --address``
     refuse to join ("Multi-node Ray clusters are not supported on Windows and OSX")."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32), RAY_USAGE_STATS_ENABLED="0",
-               GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1",
-               MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
-               PATH=os.pathsep.join([str(BIN), env.get("PATH", os.defpath)]))
+    env.update(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=secrets.token_hex(32),
+        RAY_USAGE_STATS_ENABLED="0",
+        GLOO_SOCKET_IFNAME="lo",
+        HF_HUB_OFFLINE="1",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        PYTHONUNBUFFERED="1",
+        PATH=os.pathsep.join([str(BIN), env.get("PATH", os.defpath)]),
+    )
     env.update(extra or {})
     return env
 
@@ -633,17 +726,27 @@ def _outermost(paths: Iterable[Path]) -> list[Path]:
 
 
 @contextlib.contextmanager
-def start_cluster(workers: Iterable[str] = ("a", "b"), hidden: Iterable[str | os.PathLike] = (),
-                  env: Mapping[str, str] | None = None, object_store_memory: int = 512 * 1024**2,
-                  keep_root: bool = False) -> Iterator[Cluster]:
+def start_cluster(
+    workers: Iterable[str] = ("a", "b"),
+    hidden: Iterable[str | os.PathLike] = (),
+    env: Mapping[str, str] | None = None,
+    object_store_memory: int = 512 * 1024**2,
+    keep_root: bool = False,
+) -> Iterator[Cluster]:
     """Start a head and one 1-CPU worker node per name in ``workers`` (started together, so both join in
     the time of one), yield the Cluster, and shut everything down on exit, removing ``root`` unless
     ``keep_root``. ``hidden`` adds directories that worker nodes must not see, besides ``root`` (the
     fixture adds pytest's base temp dir). ``env`` adds to every node's environment."""
     root = Path(tempfile.mkdtemp(prefix="rayc-", dir="/tmp" if Path("/tmp").is_dir() else None))
     gcs_port, dashboard_port = free_ports(2)
-    cluster = Cluster(root=root, hidden=_outermost([root, *map(Path, hidden)]), env=base_env(env),
-                      gcs_port=gcs_port, dashboard_port=dashboard_port, object_store_memory=object_store_memory)
+    cluster = Cluster(
+        root=root,
+        hidden=_outermost([root, *map(Path, hidden)]),
+        env=base_env(env),
+        gcs_port=gcs_port,
+        dashboard_port=dashboard_port,
+        object_store_memory=object_store_memory,
+    )
     try:
         cluster.driver_dir.mkdir(parents=True)
         cluster.start_head()

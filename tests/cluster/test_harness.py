@@ -77,11 +77,14 @@ def test_nodes_share_no_disk_reach_s3_and_survive_a_lost_node(s3_bucket, ray_clu
     job_dir = tmp_path / "job"  # the working dir, uploaded by Ray: not the repository
     job_dir.mkdir()
     (job_dir / "probe.py").write_text(JOB)
-    env = {**s3_bucket.env, "SMOKE_URI": s3_bucket.uri("smoke"), "SMOKE_VALUE": "passed through",
-           "SMOKE_MARKERS": json.dumps([str(m) for m in markers])}
+    env = {
+        **s3_bucket.env,
+        "SMOKE_URI": s3_bucket.uri("smoke"),
+        "SMOKE_VALUE": "passed through",
+        "SMOKE_MARKERS": json.dumps([str(m) for m in markers]),
+    }
 
-    first = _result(cluster.submit_job(["python", "probe.py", "one", "-", "a,b"], working_dir=job_dir, env=env,
-                                       timeout=120))
+    first = _result(cluster.submit_job(["python", "probe.py", "one", "-", "a,b"], working_dir=job_dir, env=env, timeout=120))
     assert first["driver"]["node_id"] == cluster.head.node_id  # a job's driver runs on the head
     assert all(first["driver"]["sees"].values()), first["driver"]
     for name, node in (("a", a), ("b", b)):
@@ -102,8 +105,9 @@ def test_nodes_share_no_disk_reach_s3_and_survive_a_lost_node(s3_bucket, ray_clu
     replacement = cluster.add_worker("a")
     assert replacement.node_id != killed.node_id
 
-    second = _result(cluster.submit_job(["python", "probe.py", "two", killed.node_id, "b,a"], working_dir=job_dir,
-                                        env=env, timeout=120))
+    second = _result(
+        cluster.submit_job(["python", "probe.py", "two", killed.node_id, "b,a"], working_dir=job_dir, env=env, timeout=120)
+    )
     assert second["dead_seen_after"] is not None, "ray.nodes() never reported the killed node dead"
     assert second["tasks"]["b"]["node_id"] == b.node_id and second["tasks"]["b"]["s3"]
     assert second["tasks"]["a"]["node_id"] == replacement.node_id

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.train import SNAPSHOT_FILE
-from seeder.checkpoint import DESCRIPTION_FILE
+from seeder.policy.checkpoint import DESCRIPTION_FILE
 from tests.cluster import harness
 from tests.datasets import write_tiny_dataset
 
@@ -28,19 +28,44 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 # Small shards, batches and blocks, so that a tiny graph still has work for both nodes in every stage.
-PREPROCESS = ["--shard-rows", "50", "--udf-batch", "16", "--query-block", "5", "embed.batch_size=16", "embed.encoder=hash", "seed.strategy=dense",
-              "expand.relation_score=learned", "prior.epochs=5", "prior.min_count=1", "prior.hidden_dim=16",
-              "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30",
-              "expand.keep_per_hop=[12,18]"]
-TRAIN = ["train.batch_size=8", "train.num_trajectories=2", "train.expansion_sizes=[3,3]",
-         "train.frontier_caps=[8,8]", "train.warmup_epochs=0", "model.hidden_dim=16", "model.num_layers=1",
-         "train.eval_batch_size=64"]
+PREPROCESS = [
+    "--shard-rows",
+    "50",
+    "--udf-batch",
+    "16",
+    "--query-block",
+    "5",
+    "embed.batch_size=16",
+    "embed.encoder=hash",
+    "seed.strategy=dense",
+    "expand.relation_score=learned",
+    "prior.epochs=5",
+    "prior.min_count=1",
+    "prior.hidden_dim=16",
+    "embed.hash_dim=64",
+    "reduce.dim=16",
+    "expand.budget=30",
+    "expand.keep_per_hop=[12,18]",
+]
+TRAIN = [
+    "train.batch_size=8",
+    "train.num_trajectories=2",
+    "train.expansion_sizes=[3,3]",
+    "train.frontier_caps=[8,8]",
+    "train.warmup_epochs=0",
+    "model.hidden_dim=16",
+    "model.num_layers=1",
+    "train.eval_batch_size=64",
+]
 NOT_COMPARED = {"manifest.json", "summary.json"}  # they record times and nodes, which differ by run
 
 
 def checksums(directory: Path) -> dict[str, str]:
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file() and p.name not in NOT_COMPARED}
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name not in NOT_COMPARED
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +78,26 @@ def one_node_artifacts(dataset, tmp_path_factory) -> Path:
     """The same preprocessing on an embedded one-node Ray, with local paths: the reference. Run before
     the cluster starts, so that its clean-up of leftover local Ray processes never meets the cluster."""
     out = tmp_path_factory.mktemp("one-node") / "artifacts"
-    done = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
-                           "--out", str(out), "--ray-address", "local", "--num-cpus", "2", *PREPROCESS],
-                          capture_output=True, text=True, timeout=600, cwd=REPO, env=harness.base_env())
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "pipelines" / "preprocess.py"),
+            "--dataset",
+            str(dataset),
+            "--out",
+            str(out),
+            "--ray-address",
+            "local",
+            "--num-cpus",
+            "2",
+            *PREPROCESS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=harness.base_env(),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
@@ -83,7 +125,7 @@ def cluster(one_node_artifacts, request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dataset_uri(dataset, s3) -> str:
-    from seeder import storage
+    from seeder.system import storage
 
     uri = s3.uri("seeder/tiny/dataset")
     with _environment(s3.env):
@@ -121,7 +163,7 @@ def job_env(cluster: harness.Cluster, s3: harness.S3Bucket) -> dict[str, str]:
 
 
 def fetched(uri: str, s3: harness.S3Bucket, cache: Path) -> Path:
-    from seeder import storage
+    from seeder.system import storage
 
     with _environment({**s3.env, "SEEDER_CACHE": str(cache)}):
         return storage.fetch(uri)
@@ -136,12 +178,15 @@ def stage_info(artifacts: Path, stage: str) -> dict:
 
 
 def preprocess(cluster, s3, dataset_uri: str, out_uri: str, wait: bool = True):
-    return cluster.submit_job(["python", "pipelines/preprocess.py", "--dataset", dataset_uri, "--out", out_uri,
-                               *PREPROCESS], env=job_env(cluster, s3), wait=wait, timeout=600)
+    return cluster.submit_job(
+        ["python", "pipelines/preprocess.py", "--dataset", dataset_uri, "--out", out_uri, *PREPROCESS],
+        env=job_env(cluster, s3),
+        wait=wait,
+        timeout=600,
+    )
 
 
-def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, dataset_uri, one_node_artifacts,
-                                                                     tmp_path):
+def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, dataset_uri, one_node_artifacts, tmp_path):
     out_uri = s3.uri("seeder/tiny/artifacts")
     job = preprocess(cluster, s3, dataset_uri, out_uri)
     assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
@@ -158,14 +203,20 @@ def test_preprocessing_spreads_over_both_nodes_and_equals_one_node(cluster, s3, 
     subgraphs = stage_info(artifacts, "subgraphs")
     assert sorted(b for node in subgraphs["blocks_by_node"].values() for b in node) == list(range(subgraphs["blocks"]))
     names = {node.node_id: name for name, node in cluster.workers.items()}
-    for stage, key in (("embed", "texts_by_node"), ("features", "rows_by_node"), ("seeds", "blocks_by_node"),
-                       ("paths", "blocks_by_node"), ("subgraphs", "blocks_by_node")):
+    for stage, key in (
+        ("embed", "texts_by_node"),
+        ("features", "rows_by_node"),
+        ("seeds", "blocks_by_node"),
+        ("paths", "blocks_by_node"),
+        ("subgraphs", "blocks_by_node"),
+    ):
         work = {names[n]: (len(v) if isinstance(v, list) else v) for n, v in stage_info(artifacts, stage)[key].items()}
         print(f"{stage}: {key.split('_')[0]} per worker node {dict(sorted(work.items()))}")  # shown with pytest -s
 
 
-def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(cluster, s3, dataset_uri,
-                                                                           one_node_artifacts, tmp_path):
+def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(
+    cluster, s3, dataset_uri, one_node_artifacts, tmp_path
+):
     import pyarrow.fs as pafs
 
     out_uri = s3.uri("seeder/tiny/artifacts-killed")
@@ -194,7 +245,7 @@ def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(clust
 def cluster_artifacts(cluster, s3, dataset_uri) -> str:
     """Artifacts on S3 written by the cluster (the first test writes the same, when it runs first)."""
     out_uri = s3.uri("seeder/tiny/artifacts")
-    from seeder import storage
+    from seeder.system import storage
 
     with _environment(s3.env):
         if storage.published_manifest(out_uri) is None:
@@ -204,10 +255,31 @@ def cluster_artifacts(cluster, s3, dataset_uri) -> str:
 
 
 def train(cluster, s3, artifacts_uri: str, name: str, out: Path, *flags: str, epochs: int = 3, wait: bool = True):
-    return cluster.submit_job(["python", "pipelines/train.py", "--artifacts", artifacts_uri, "--out", str(out),
-                               "--num-workers", "2", "--storage", s3.uri("seeder/tiny/ray"), "--name", name,
-                               "--no-mlflow", "--max-failures", "0", *flags, *TRAIN, f"train.epochs={epochs}"],
-                              env=job_env(cluster, s3), wait=wait, timeout=600)
+    return cluster.submit_job(
+        [
+            "python",
+            "pipelines/train.py",
+            "--artifacts",
+            artifacts_uri,
+            "--out",
+            str(out),
+            "--num-workers",
+            "2",
+            "--storage",
+            s3.uri("seeder/tiny/ray"),
+            "--name",
+            name,
+            "--no-mlflow",
+            "--max-failures",
+            "0",
+            *flags,
+            *TRAIN,
+            f"train.epochs={epochs}",
+        ],
+        env=job_env(cluster, s3),
+        wait=wait,
+        timeout=600,
+    )
 
 
 RANK_LINE = re.compile(r"train: rank (\d) of 2 on node ([0-9a-f]+)")
@@ -221,8 +293,22 @@ def test_training_runs_one_worker_per_node_and_evaluates_from_s3(cluster, s3, cl
     assert set(ranks) == {"0", "1"} and set(ranks.values()) == worker_ids(cluster), (ranks, worker_ids(cluster))
     assert (out / "model" / DESCRIPTION_FILE).is_file()
 
-    evaluated = cluster.submit_job(["seeder", "evaluate", "--artifacts", cluster_artifacts, "--model", str(out / "model"),
-                                    "--split", "test", "--method", "seeder"], env=job_env(cluster, s3), timeout=300)
+    evaluated = cluster.submit_job(
+        [
+            "seeder",
+            "evaluate",
+            "--artifacts",
+            cluster_artifacts,
+            "--model",
+            str(out / "model"),
+            "--split",
+            "test",
+            "--method",
+            "seeder",
+        ],
+        env=job_env(cluster, s3),
+        timeout=300,
+    )
     assert evaluated.ok, f"{evaluated.status} {evaluated.message}\n{evaluated.logs[-5000:]}"
     assert re.search(r"hit_at_1", evaluated.logs), evaluated.logs[-3000:]
 
@@ -236,8 +322,7 @@ def test_a_worker_node_lost_during_training_resumes_from_the_checkpoint_in_s3(cl
     snapshot = f"{s3.bucket}/seeder/tiny/ray/killed/{SNAPSHOT_FILE}"
     fs = s3.filesystem()
     deadline = time.monotonic() + 300
-    while not (fs.get_file_info(snapshot).type == pafs.FileType.File
-               and b"epoch_0001" in fs.open_input_stream(snapshot).read()):
+    while not (fs.get_file_info(snapshot).type == pafs.FileType.File and b"epoch_0001" in fs.open_input_stream(snapshot).read()):
         assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
         time.sleep(0.2)
     cluster.kill_worker("b")
@@ -268,11 +353,37 @@ def champion(cluster, s3, cluster_artifacts, mlflow_server) -> tuple[str, str]:
     space = cluster.driver_dir / "space.yaml"
     space.write_text(SWEEP_SPACE)
     job = cluster.submit_job(
-        ["python", "tune/sweep.py", "--artifacts", cluster_artifacts, "--num-samples", "2", "--max-concurrent", "2",
-         "--space", str(space), "--name", "cluster", "--storage", s3.uri("seeder/tiny/sweeps"), "--epochs", "2",
-         "--queries-per-epoch", "16", "--val-queries", "16", "--model-name", "seeder-cluster",
-         "train.num_trajectories=2", "train.batch_size=8", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,8]"],
-        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server}, timeout=600)
+        [
+            "python",
+            "tune/sweep.py",
+            "--artifacts",
+            cluster_artifacts,
+            "--num-samples",
+            "2",
+            "--max-concurrent",
+            "2",
+            "--space",
+            str(space),
+            "--name",
+            "cluster",
+            "--storage",
+            s3.uri("seeder/tiny/sweeps"),
+            "--epochs",
+            "2",
+            "--queries-per-epoch",
+            "16",
+            "--val-queries",
+            "16",
+            "--model-name",
+            "seeder-cluster",
+            "train.num_trajectories=2",
+            "train.batch_size=8",
+            "train.expansion_sizes=[3,3]",
+            "train.frontier_caps=[8,8]",
+        ],
+        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server},
+        timeout=600,
+    )
     assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
     return "models:/seeder-cluster@champion", job.logs
 
@@ -291,8 +402,11 @@ def test_the_service_answers_from_a_replica_on_a_worker_node(cluster, s3, champi
     from tests.conftest import free_port
 
     port = free_port()
-    job = cluster.submit_job(["seeder", "serve", "--model", champion[0], "--port", str(port), "--proxy-location", "HeadOnly"],
-                             env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server}, wait=False)
+    job = cluster.submit_job(
+        ["seeder", "serve", "--model", champion[0], "--port", str(port), "--proxy-location", "HeadOnly"],
+        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server},
+        wait=False,
+    )
     url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"question": "what is related to node 7", "k": 5})
     deadline = time.monotonic() + 300
     reply = None

@@ -8,30 +8,45 @@ import sys
 
 import pytest
 
-from tests.test_benchmark import REPO, _env, artifacts_dir, run_cli  # noqa: F401 (artifacts_dir is a fixture)
+from tests.evaluation.test_benchmark import REPO, _env, artifacts_dir, run_cli  # noqa: F401 (artifacts_dir is a fixture)
 
 SCRIPT = REPO / "pipelines" / "benchmark.py"
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=_env(),
-                          timeout=600, cwd=REPO)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO)
 
 
 def test_bad_input_is_a_one_line_error_before_ray(tmp_path):
-    result = run_script("--artifacts", str(tmp_path / "missing"), "--method", "dense", "--experiment", "none",
-                        "--ray-address", "local")
+    result = run_script(
+        "--artifacts", str(tmp_path / "missing"), "--method", "dense", "--experiment", "none", "--ray-address", "local"
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"pipelines/benchmark.py: error: {tmp_path / 'missing'}: no artifacts manifest; run "
-        f"`python pipelines/preprocess.py --dataset DIR --out {tmp_path / 'missing'}` first"]
+        f"`python pipelines/preprocess.py --dataset DIR --out {tmp_path / 'missing'}` first"
+    ]
     assert "Started a local Ray instance" not in result.stdout + result.stderr
 
 
 @pytest.mark.slow
 def test_ray_path_gives_the_same_metrics(artifacts_dir, tmp_path):  # noqa: F811
-    common = ["--artifacts", str(artifacts_dir), "--method", "dense,ppr", "--split", "test", "--latency-queries", "2",
-              "--budgets", "none", "--experiment", "none", "--block-queries", "7"]
+    common = [
+        "--artifacts",
+        str(artifacts_dir),
+        "--method",
+        "dense,ppr",
+        "--split",
+        "test",
+        "--latency-queries",
+        "2",
+        "--budgets",
+        "none",
+        "--experiment",
+        "none",
+        "--block-queries",
+        "7",
+    ]
     local = run_cli(*common, "--out", str(tmp_path / "local"))
     assert local.returncode == 0, local.stderr[-3000:]
     on_ray = run_script(*common, "--out", str(tmp_path / "ray"), "--ray-address", "local", "--num-cpus", "2")

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seeder.artifacts import open_artifacts
-from seeder.io import DataError
-from seeder.preprocess import TEST_STOP_ENV, stage_fingerprints
 from seeder.config import load_config
-from seeder.store import open_dataset
+from seeder.data.store import open_dataset
+from seeder.preprocessing.artifacts import open_artifacts
+from seeder.preprocessing.stages import TEST_STOP_ENV, stage_fingerprints
+from seeder.system.io import DataError
 from tests.conftest import free_port
 from tests.datasets import write_tiny_dataset
 from tests.sockets import Watch, assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
@@ -31,7 +31,15 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "preprocess.py"
 # Small shards and blocks so that a tiny graph still has several of each (resume granularity).
 FLAGS = ["--shard-rows", "100", "--query-block", "10"]
-OVERRIDES = ["embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30", "expand.keep_per_hop=[12,18]"]
+OVERRIDES = [
+    "embed.encoder=hash",
+    "seed.strategy=dense",
+    "expand.relation_score=cosine",
+    "embed.hash_dim=64",
+    "reduce.dim=16",
+    "expand.budget=30",
+    "expand.keep_per_hop=[12,18]",
+]
 STAGE_NAMES = ("embed", "features", "seeds", "subgraphs")
 
 
@@ -45,13 +53,27 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def job_command(dataset: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(SCRIPT), "--dataset", str(dataset), "--out", str(out), "--ray-address", "local",
-            "--num-cpus", "2", *FLAGS, *OVERRIDES, *extra]
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "--dataset",
+        str(dataset),
+        "--out",
+        str(out),
+        "--ray-address",
+        "local",
+        "--num-cpus",
+        "2",
+        *FLAGS,
+        *OVERRIDES,
+        *extra,
+    ]
 
 
 def run_job(dataset: Path, out: Path, *extra: str, env: dict[str, str] | None = None, timeout: int = 600):
-    return subprocess.run(job_command(dataset, out, *extra), capture_output=True, text=True, env=env or _env(),
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        job_command(dataset, out, *extra), capture_output=True, text=True, env=env or _env(), timeout=timeout, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +107,13 @@ def test_the_job_listens_on_loopback_only(reference_run):
 def test_the_terminal_shows_the_stages_not_rays_routine_notices(reference):
     terminal = (reference.parent / "terminal.txt").read_text()
     assert "embed: " in terminal and "subgraphs: " in terminal and "Ray's logs are in" in terminal
-    for routine in ("Token authentication is enabled", "Progress bars disabled", "Starting execution of Dataset",
-                    "Started a local Ray instance", "Loading weights"):
+    for routine in (
+        "Token authentication is enabled",
+        "Progress bars disabled",
+        "Starting execution of Dataset",
+        "Started a local Ray instance",
+        "Loading weights",
+    ):
         assert routine not in terminal, routine
 
 
@@ -109,7 +136,7 @@ def test_job_writes_every_artifact(reference, tiny_dataset):
     np.testing.assert_allclose(np.linalg.norm(art.node_features, axis=1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(art.query_ids, np.sort(kg.queries.column("id").to_numpy()))
     # Features of a query are its text's hash embedding, PCA-projected: check one by hand.
-    from seeder.embed import HashEncoder, PCA, apply_pca
+    from seeder.features.embed import PCA, HashEncoder, apply_pca
 
     pca = PCA.load(reference / "features" / "pca.npz")
     texts = dict(zip(kg.queries.column("id").to_pylist(), kg.queries.column("text").to_pylist()))
@@ -133,15 +160,16 @@ def test_job_writes_every_artifact(reference, tiny_dataset):
     assert summary["ceiling"]["all"]["all"]["hit_any"] == pytest.approx(hit)
     assert {"hop=1", "hop=2"} <= set(summary["ceiling"]["test"])
     manifest = json.loads((reference / "manifest.json").read_text())
-    assert manifest["fingerprints"] == stage_fingerprints(load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint,
-                                                       open_dataset(tiny_dataset).num_nodes)
+    assert manifest["fingerprints"] == stage_fingerprints(
+        load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint, open_dataset(tiny_dataset).num_nodes
+    )
 
 
 def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, tiny_dataset, tmp_path):
     """The features stage's Ray Data map (one task per embedding shard, rows placed by id as they come
     back) writes the same ``node.npy`` as the library projecting every shard in its own process."""
     from seeder.config import SeederConfig, from_dict
-    from seeder.preprocess import run_features
+    from seeder.preprocessing.stages import run_features
 
     config = from_dict(SeederConfig, json.loads((reference / "manifest.json").read_text())["config"])
     out = tmp_path / "features"
@@ -157,8 +185,8 @@ def test_an_expansion_worker_over_its_feature_budget_lets_the_pages_go_with_the_
     """``expand.resident_features_gb`` bounds the node-feature pages a worker keeps mapped between blocks;
     releasing them changes no subgraph."""
     from seeder.config import SeederConfig, from_dict, to_dict
-    from seeder.mapped import resident_bytes
-    from seeder.preprocess import _features, expand_block
+    from seeder.preprocessing.stages import _features, expand_block
+    from seeder.system.mapped import resident_bytes
 
     config = from_dict(SeederConfig, json.loads((reference / "manifest.json").read_text())["config"])
     expected = open_artifacts(reference).subgraphs().to_arrow()
@@ -177,20 +205,38 @@ def test_without_a_config_the_derived_step_budget_reaches_training(tiny_dataset,
     from pipelines import train
 
     out = tmp_path / "derived"
-    command = [sys.executable, str(SCRIPT), "--dataset", str(tiny_dataset), "--out", str(out), "--ray-address", "local",
-               "--num-cpus", "2", *FLAGS, "embed.encoder=hash", "embed.hash_dim=64", "reduce.dim=16", "expand.budget=30"]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--dataset",
+        str(tiny_dataset),
+        "--out",
+        str(out),
+        "--ray-address",
+        "local",
+        "--num-cpus",
+        "2",
+        *FLAGS,
+        "embed.encoder=hash",
+        "embed.hash_dim=64",
+        "reduce.dim=16",
+        "expand.budget=30",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     budget = manifest["step_budget"]
     hops = manifest["config"]["expand"]["hops"]
     assert len(budget["expansion_sizes"]) == len(budget["frontier_caps"]) == hops
-    assert f"auto: train.expansion_sizes={budget['expansion_sizes']} train.frontier_caps={budget['frontier_caps']}" in result.stdout
+    assert (
+        f"auto: train.expansion_sizes={budget['expansion_sizes']} train.frontier_caps={budget['frontier_caps']}" in result.stdout
+    )
     job = train.prepare_job(str(out), None, ["train.epochs=1"], str(tmp_path / "model"), 1)
     assert job.config.train.expansion_sizes == budget["expansion_sizes"]
     assert job.config.train.frontier_caps == budget["frontier_caps"]
-    own = train.prepare_job(str(out), None, ["train.expansion_sizes=[2,2]", "train.frontier_caps=[4,4]"],
-                            str(tmp_path / "model2"), 1)
+    own = train.prepare_job(
+        str(out), None, ["train.expansion_sizes=[2,2]", "train.frontier_caps=[4,4]"], str(tmp_path / "model2"), 1
+    )
     assert (own.config.train.expansion_sizes, own.config.train.frontier_caps) == ([2, 2], [4, 4])
 
 
@@ -225,12 +271,13 @@ def test_a_second_run_into_the_same_out_fails_at_once_naming_the_first_ones_pid(
     out = tmp_path / "art"
     with lock_held_by_another_process(out) as first:
         start = time.monotonic()
-        code = preprocess.main(["--dataset", str(tiny_dataset), "--out", str(out), "--ray-address", "local",
-                                *FLAGS, *OVERRIDES])
+        code = preprocess.main(["--dataset", str(tiny_dataset), "--out", str(out), "--ray-address", "local", *FLAGS, *OVERRIDES])
         assert code == 2 and time.monotonic() - start < 30  # before Ray or any stage
     err = capsys.readouterr().err.strip()
-    assert err == (f"preprocess: error: {out} is being written by process {first.pid} (it holds {tmp_path}/.art.lock); "
-                   f"wait for it to finish or choose another --out")
+    assert err == (
+        f"preprocess: error: {out} is being written by process {first.pid} (it holds {tmp_path}/.art.lock); "
+        f"wait for it to finish or choose another --out"
+    )
     assert not out.exists()
 
 
@@ -280,12 +327,21 @@ def learned_reference(tiny_dataset, tmp_path_factory) -> Path:
 
 def _subgraph_selection(path: Path) -> dict[str, np.ndarray]:
     sub = open_artifacts(path).subgraphs()
-    return {"query_ids": sub.query_ids, "node_ptr": sub.node_ptr, "nodes": sub.nodes, "hop": sub.hop, "score": sub.score,
-            "edge_ptr": sub.edge_ptr, "edge_src": sub.edge_src, "edge_dst": sub.edge_dst, "edge_rel": sub.edge_rel}
+    return {
+        "query_ids": sub.query_ids,
+        "node_ptr": sub.node_ptr,
+        "nodes": sub.nodes,
+        "hop": sub.hop,
+        "score": sub.score,
+        "edge_ptr": sub.edge_ptr,
+        "edge_src": sub.edge_src,
+        "edge_dst": sub.edge_dst,
+        "edge_rel": sub.edge_rel,
+    }
 
 
 def test_learned_filter_adds_the_paths_and_prior_stages(learned_reference, tiny_dataset):
-    from seeder.preprocess import read_golden_paths
+    from seeder.preprocessing.stages import read_golden_paths
     from seeder.retrieve.prior import RelationPathPrior
 
     summary = json.loads((learned_reference / "summary.json").read_text())
@@ -301,20 +357,24 @@ def test_learned_filter_adds_the_paths_and_prior_stages(learned_reference, tiny_
 
 
 def test_val_and_test_answers_never_change_seeds_paths_prior_or_subgraphs(learned_reference, tiny_dataset, tmp_path):
-    from seeder.store import write_dataset
+    from seeder.data.store import write_dataset
 
     kg = open_dataset(tiny_dataset)
     queries = kg.queries
     held_out = np.asarray(queries.column("split").to_pylist()) != "train"
     answers = [[0, 1] if h else a for a, h in zip(queries.column("answers").to_pylist(), held_out)]
-    changed = queries.set_column(queries.column_names.index("answers"), "answers", pa.array(answers, queries.schema.field("answers").type))
+    changed = queries.set_column(
+        queries.column_names.index("answers"), "answers", pa.array(answers, queries.schema.field("answers").type)
+    )
     other = write_dataset(tmp_path / "data", kg.nodes, kg.relations, kg.table("edges"), changed)
     out = tmp_path / "art"
     result = run_job(other, out, *LEARNED)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for left, right in zip(open_artifacts(learned_reference).seeds(), open_artifacts(out).seeds()):
         np.testing.assert_array_equal(left, right)
-    assert pq.read_table(sorted((out / "paths").glob("part-*"))).equals(pq.read_table(sorted((learned_reference / "paths").glob("part-*"))))
+    assert pq.read_table(sorted((out / "paths").glob("part-*"))).equals(
+        pq.read_table(sorted((learned_reference / "paths").glob("part-*")))
+    )
     with np.load(out / "prior" / "prior.npz") as a, np.load(learned_reference / "prior" / "prior.npz") as b:
         for key in b.files:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
@@ -378,16 +438,31 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
     temp_dir = Path("/tmp") / f"rt-{uuid.uuid4().hex[:6]}"  # short: Ray's socket paths have a length limit
     dashboard = free_port()
     ports = {
-        "--port": free_port(), "--dashboard-port": dashboard, "--ray-client-server-port": free_port(),
-        "--dashboard-agent-listen-port": free_port(), "--metrics-export-port": free_port(),
+        "--port": free_port(),
+        "--dashboard-port": dashboard,
+        "--ray-client-server-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--metrics-export-port": free_port(),
     }
     # The cluster's own token, for the head, the client and (inherited) the job: other Ray users of
     # this machine rewrite ~/.ray/auth_token, so the shared file cannot be relied on.
     env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=uuid.uuid4().hex)
     head = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-         "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}", *[f"{k}={v}" for k, v in ports.items()]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus=2",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--temp-dir={temp_dir}",
+            *[f"{k}={v}" for k, v in ports.items()],
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -401,9 +476,29 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
             time.sleep(2)
         out = tmp_path / "submitted"
         job = subprocess.run(
-            [str(ray_bin), "job", "submit", "--address", address, "--working-dir", str(REPO), "--",
-             sys.executable, "pipelines/preprocess.py", "--dataset", str(tiny_dataset), "--out", str(out), *FLAGS, *OVERRIDES],
-            capture_output=True, text=True, env=env, timeout=600, cwd=REPO,
+            [
+                str(ray_bin),
+                "job",
+                "submit",
+                "--address",
+                address,
+                "--working-dir",
+                str(REPO),
+                "--",
+                sys.executable,
+                "pipelines/preprocess.py",
+                "--dataset",
+                str(tiny_dataset),
+                "--out",
+                str(out),
+                *FLAGS,
+                *OVERRIDES,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=REPO,
         )
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
@@ -416,7 +511,7 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
 @pytest.mark.parametrize("strategy", ["bm25", "hybrid"])
 def test_lexical_seed_strategies(reference, tiny_dataset, tmp_path, strategy):
     """BM25 seeding finds the entity a query names word for word; hybrid fuses it with dense."""
-    from seeder.preprocess import run_seeds
+    from seeder.preprocessing.stages import run_seeds
 
     config = load_config(None, OVERRIDES + [f"seed.strategy={strategy}", "seed.k0=3"])
     kg = open_dataset(tiny_dataset)
@@ -441,7 +536,7 @@ def test_lexical_seed_strategies(reference, tiny_dataset, tmp_path, strategy):
 def test_dataset_and_artifacts_may_be_uris(reference, tiny_dataset, tmp_path):
     """--dataset and --out as file:// URIs: the dataset is fetched, the artifacts are staged locally
     and published only when every stage finished, and they equal the local run's."""
-    from seeder import storage
+    from seeder.system import storage
 
     dataset_uri, out_uri = f"file://{tmp_path}/remote/dataset", f"file://{tmp_path}/remote/artifacts"
     storage.publish(tiny_dataset, dataset_uri)
@@ -551,8 +646,8 @@ def _with_regenerated_dataset(reference: Path, tmp_path: Path) -> tuple[Path, Pa
 
 
 def test_a_dataset_regenerated_under_the_artifacts_path_is_an_error_naming_both_fingerprints(reference, tmp_path, capsys):
-    from seeder.artifacts import FingerprintMismatch
     from seeder.cli import main
+    from seeder.preprocessing.artifacts import FingerprintMismatch
 
     out, dataset, old, new = _with_regenerated_dataset(reference, tmp_path)
     assert old != new
@@ -567,11 +662,11 @@ def test_a_dataset_regenerated_under_the_artifacts_path_is_an_error_naming_both_
 
 def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(reference, tmp_path, capsys):
     from seeder import Retriever
-    from seeder.artifacts import FingerprintMismatch
-    from seeder.checkpoint import artifacts_record
     from seeder.cli import main
-    from seeder.preprocess import stage_fingerprints
-    from seeder.train import build_state, export_best
+    from seeder.policy.checkpoint import artifacts_record
+    from seeder.preprocessing.artifacts import FingerprintMismatch
+    from seeder.preprocessing.stages import stage_fingerprints
+    from seeder.training.loop import build_state, export_best
 
     trained_on = open_artifacts(reference)
     config = load_config(None, [*OVERRIDES, "model.hidden_dim=16", "model.num_layers=1"])
@@ -583,9 +678,11 @@ def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(refer
     other = _damaged_copy(reference, tmp_path, "other-art")
     manifest = json.loads((other / "manifest.json").read_text())
     fingerprint = open_dataset(other_graph).fingerprint
-    manifest.update(dataset=str(other_graph), dataset_fingerprint=fingerprint,
-                    fingerprints=stage_fingerprints(load_config(None, OVERRIDES), fingerprint,
-                                                 open_dataset(other_graph).num_nodes))
+    manifest.update(
+        dataset=str(other_graph),
+        dataset_fingerprint=fingerprint,
+        fingerprints=stage_fingerprints(load_config(None, OVERRIDES), fingerprint, open_dataset(other_graph).num_nodes),
+    )
     (other / "manifest.json").write_text(json.dumps(manifest))
     other_fp = open_artifacts(other).fingerprint
     with pytest.raises(FingerprintMismatch) as err:
@@ -596,8 +693,9 @@ def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(refer
     assert main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model)]) == 2
     assert f"dataset fingerprint {trained_on.dataset_fingerprint} != {fingerprint}" in capsys.readouterr().err
     with pytest.warns(UserWarning):
-        assert main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model),
-                     "--accept-mismatch"]) == 0
+        assert (
+            main(["evaluate", "--artifacts", str(other), "--method", "seeder", "--model", str(model), "--accept-mismatch"]) == 0
+        )
 
 
 def test_the_embedding_pool_gives_gpu_actors_larger_batches():
@@ -611,7 +709,7 @@ def test_the_embedding_pool_gives_gpu_actors_larger_batches():
     # A GPU node with few CPUs: the actors' CPU reservation shrinks so that one stays for Ray Data's reads.
     assert embed_pool({"CPU": 4.0, "GPU": 1.0}, EmbedConfig())[2] == {"num_gpus": 0.25, "num_cpus": 0.75}
     from seeder.config import ConfigError, load_config
-    from seeder.preprocess import check_config
+    from seeder.preprocessing.stages import check_config
 
     with pytest.raises(ConfigError, match="embed.actors_per_gpu >= 1"):
         check_config(load_config(None, ["embed.actors_per_gpu=0"]))

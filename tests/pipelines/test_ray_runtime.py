@@ -18,8 +18,15 @@ import pytest
 
 from tests.conftest import ENV, free_port
 from tests.processes import stop_gracefully
-from tests.sockets import (assert_ray_listened_on_loopback_only, descendants, is_loopback, linux_only, listeners, needs_ss,
-                           watch_command)
+from tests.sockets import (
+    assert_ray_listened_on_loopback_only,
+    descendants,
+    is_loopback,
+    linux_only,
+    listeners,
+    needs_ss,
+    watch_command,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,8 +127,14 @@ def test_seeder_ui_listens_on_loopback_only(tmp_path):
     port = free_port()
     env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     seeder = str(Path(sys.executable).parent / "seeder")
-    proc = subprocess.Popen([seeder, "ui", "--port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [seeder, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -149,10 +162,12 @@ def test_seeder_ui_listens_on_loopback_only(tmp_path):
 @linux_only
 def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
     env = driver_env()
-    live = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    killed = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    live = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         wait_ready(live)
         wait_ready(killed)
@@ -167,8 +182,7 @@ def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
         killed.wait()
         time.sleep(2)  # the GCS and raylet die with their driver; its agents would linger for a minute or more
 
-        done = subprocess.run([sys.executable, "-c", DRIVER], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=400)
+        done = subprocess.run([sys.executable, "-c", DRIVER], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stderr[-3000:]
         assert not running(killed_tree), f"left running: {sorted(running(killed_tree))}\n{done.stderr[-2000:]}"
         # The agents were still there when the next run started (they linger for a minute or more), and
@@ -203,8 +217,7 @@ ray.get(speak.remote())
 arrived.wait(120)
 time.sleep(0.5)  # the printing handler runs beside this one
 """
-    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, env=driver_env(),
-                          cwd=REPO)
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, env=driver_env(), cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "hello from a worker" in line]
     assert lines and "(speak pid=" in lines[0], done.stdout[-2000:] + done.stderr[-2000:]
@@ -223,9 +236,11 @@ def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
     try:
         assert filter_forwarded_worker_lines()
         assert not filter_forwarded_worker_lines()  # already wrapped
-        noise = ("[2026-11-25 06:36:25,941 E 15043 15072] core_worker.cc:2465: Actor with class name: "
-                 "'PreemptionWatcher' and ID: '417ae7' has constructor arguments in the object store and "
-                 "max_restarts > 0. If the arguments in the object store go out of scope ...")
+        noise = (
+            "[2026-11-25 06:36:25,941 E 15043 15072] core_worker.cc:2465: Actor with class name: "
+            "'PreemptionWatcher' and ID: '417ae7' has constructor arguments in the object store and "
+            "max_restarts > 0. If the arguments in the object store go out of scope ..."
+        )
         dispatcher.emit({"lines": [noise, "epoch 1/3  loss 0.1"], "pid": 1, "is_err": True})
         dispatcher.emit({"lines": [noise], "pid": 1, "is_err": True})
         assert [d["lines"] for d in received] == [["epoch 1/3  loss 0.1"]]

@@ -47,11 +47,25 @@ def server(request, trained, tmp_path_factory):
     # line), and the file is there to read when something goes wrong.
     with open(log, "w") as out:
         # Started with SIGINT ignored, as a script's background job would be: Ctrl-C must still stop it.
-        proc = subprocess.Popen([seeder, "serve", "--model", str(root / "run" / "model"), "--port", str(port),
-                                 "--max-questions", "1000", "--ready-file", str(ready),
-                                 *(["--through-proxy"] if request.param == "proxy" else [])],
-                                env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"), stdout=out,
-                                stderr=subprocess.STDOUT, preexec_fn=ignore_sigint)
+        proc = subprocess.Popen(
+            [
+                seeder,
+                "serve",
+                "--model",
+                str(root / "run" / "model"),
+                "--port",
+                str(port),
+                "--max-questions",
+                "1000",
+                "--ready-file",
+                str(ready),
+                *(["--through-proxy"] if request.param == "proxy" else []),
+            ],
+            env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=ignore_sigint,
+        )
     deadline = time.monotonic() + 300
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -86,14 +100,17 @@ def test_a_batch_of_questions_gets_the_apis_rankings(server):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("body, status, message", [
-    (b"{not json", 400, "not JSON"),
-    (b'{"questions": []}', 400, "non-empty list"),
-    (b'["a question"]', 400, "JSON object"),
-    (b'{"questions": ["ok", 7]}', 400, "question 1"),
-    (b'{"questions": ["ok"], "k": 0}', 400, '"k"'),
-    (json.dumps({"questions": ["what is it"] * 10_000}).encode(), 413, "at most 1000"),
-])
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        (b"{not json", 400, "not JSON"),
+        (b'{"questions": []}', 400, "non-empty list"),
+        (b'["a question"]', 400, "JSON object"),
+        (b'{"questions": ["ok", 7]}', 400, "question 1"),
+        (b'{"questions": ["ok"], "k": 0}', 400, '"k"'),
+        (json.dumps({"questions": ["what is it"] * 10_000}).encode(), 413, "at most 1000"),
+    ],
+)
 def test_bad_requests_get_a_4xx_and_the_service_keeps_running(server, body, status, message):
     url, _, _, _ = server
     got, reply = post(url, body)
@@ -107,7 +124,9 @@ def test_a_get_request_gets_the_same_rankings_as_a_post(server):
     from seeder import Retriever
 
     questions = Retriever.load(root / "run" / "model").artifacts.dataset.queries_of("test").column("text").to_pylist()[:2]
-    status, by_get = post(url + "?" + urllib.parse.urlencode([("question", q) for q in questions] + [("k", 4)]), None, method="GET")
+    status, by_get = post(
+        url + "?" + urllib.parse.urlencode([("question", q) for q in questions] + [("k", 4)]), None, method="GET"
+    )
     assert status == 200
     by_post = post(url, json.dumps({"questions": questions, "k": 4}).encode())[1]
     # The same rankings, node for node and triple for triple; the scores to rounding (one request's float
@@ -131,18 +150,28 @@ def test_the_service_listens_on_loopback_only(server):
     # The port belongs to the replica itself, or to Serve's proxy with --through-proxy.
     assert ("ray::ServeRepli" if answered_by == "replica" else "ray::ProxyActor") in listening, listening
     # Nor any other socket of Serve's processes (the replicas' gRPC servers, the proxy, the controller).
-    serve_sockets = [line.split() for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
-                     if any(name in line for name in ("ray::ServeRepli", "ray::ProxyActor", "ray::ServeContr"))]
+    serve_sockets = [
+        line.split()
+        for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        if any(name in line for name in ("ray::ServeRepli", "ray::ProxyActor", "ray::ServeContr"))
+    ]
     assert serve_sockets, "ss shows no Serve process"
-    public = [local for _, _, _, local, *_ in serve_sockets if not local.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))]
+    public = [
+        local for _, _, _, local, *_ in serve_sockets if not local.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:", "[::1]:"))
+    ]
     assert not public, f"Serve listens beyond loopback on {public}"
 
 
 def test_the_replica_takes_the_port_only_when_it_is_free(monkeypatch):
     import socket
 
-    for name in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT",
-                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "RAY_SERVE_PORT_QUARANTINE_S"):
+    for name in (
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT",
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
+        "RAY_SERVE_PORT_QUARANTINE_S",
+    ):
         monkeypatch.setenv(name, "")  # recorded, so that the test's values are undone afterwards
         monkeypatch.delenv(name)
     with socket.socket() as taken:
@@ -155,8 +184,11 @@ def test_the_replica_takes_the_port_only_when_it_is_free(monkeypatch):
     port = free_port()
     proxy_port = answer_on_the_replica("127.0.0.1", port)
     assert proxy_port != port
-    assert (os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"], os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"],
-            os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == ("1", str(port), str(port + 1))
+    assert (
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"],
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"],
+        os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"],
+    ) == ("1", str(port), str(port + 1))
 
 
 def test_parse_request_without_a_server():
@@ -172,8 +204,13 @@ def test_parse_query_without_a_server():
 
     assert parse_query(QueryParams("question=who+directed+Kismet&question=b&k=3"), 10, 100) == (["who directed Kismet", "b"], 3)
     assert parse_query(QueryParams("question=a"), 10, 100) == (["a"], 10)
-    for query, status in (("k=3", 400), ("question=a&k=x", 400), ("question=a&k=101", 400), ("question=+&k=1", 400),
-                          ("&".join(["question=a"] * 11), 413)):
+    for query, status in (
+        ("k=3", 400),
+        ("question=a&k=x", 400),
+        ("question=a&k=101", 400),
+        ("question=+&k=1", 400),
+        ("&".join(["question=a"] * 11), 413),
+    ):
         with pytest.raises(BadRequest) as info:
             parse_query(QueryParams(query), 10, 100)
         assert info.value.status == status, query

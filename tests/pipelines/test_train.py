@@ -20,18 +20,26 @@ import pyarrow.parquet as pq
 import pytest
 
 from seeder.config import SeederConfig, to_dict
-from seeder.io import DataError, write_manifest
+from seeder.data.store import open_dataset
+from seeder.generate.synth import SynthConfig, synthesize
 from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.seeds import dense_seeds
-from seeder.store import open_dataset
-from seeder.synth import SynthConfig, synthesize
+from seeder.system.io import DataError, write_manifest
 from tests.sockets import Watch, assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "pipelines" / "train.py"
-TINY = ["train.epochs=3", "train.batch_size=8", "train.num_trajectories=2", "train.expansion_sizes=[3,3]",
-        "train.frontier_caps=[8,8]", "train.warmup_epochs=0", "model.hidden_dim=16", "model.num_layers=1",
-        "train.eval_batch_size=64"]
+TINY = [
+    "train.epochs=3",
+    "train.batch_size=8",
+    "train.num_trajectories=2",
+    "train.expansion_sizes=[3,3]",
+    "train.frontier_caps=[8,8]",
+    "train.warmup_epochs=0",
+    "model.hidden_dim=16",
+    "model.num_layers=1",
+    "train.eval_batch_size=64",
+]
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -41,8 +49,7 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train")
-    synthesize(SynthConfig(nodes=300, relations=4, queries=160, hubs=0, val_fraction=0.2, test_fraction=0.1, seed=1),
-               root / "kg")
+    synthesize(SynthConfig(nodes=300, relations=4, queries=160, hubs=0, val_fraction=0.2, test_fraction=0.1, seed=1), root / "kg")
     kg = open_dataset(root / "kg")
     rng = np.random.default_rng(0)
     dim = 16
@@ -68,8 +75,9 @@ def artifacts(tmp_path_factory) -> Path:
     write_manifest(out / "features", {"stage": "features"})
     seeds, scores = dense_seeds(qf, nf, config.seed.k0)
     answer_ptr = np.concatenate([[0], np.cumsum([len(a) for a in answers])])
-    subgraphs = expand_queries(kg, nf, rf, qf, seeds, scores, config.expand, ids, splits, answer_ptr,
-                               np.concatenate(answers).astype(np.int64))
+    subgraphs = expand_queries(
+        kg, nf, rf, qf, seeds, scores, config.expand, ids, splits, answer_ptr, np.concatenate(answers).astype(np.int64)
+    )
     (out / "subgraphs").mkdir()
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
@@ -90,14 +98,28 @@ def ray_started() -> bool:
 
 
 def train_env(tmp_path: Path, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1",
-                MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", RAY_ADDRESS="",
-                RAY_AUTH_MODE="disabled", RAY_raylet_start_wait_time_s="180", **(extra_env or {}))
+    return dict(
+        os.environ,
+        RAY_USAGE_STATS_ENABLED="0",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        HF_HUB_OFFLINE="1",
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        RAY_ADDRESS="",
+        RAY_AUTH_MODE="disabled",
+        RAY_raylet_start_wait_time_s="180",
+        **(extra_env or {}),
+    )
 
 
 def run_train(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None = None, timeout: int = 400):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=train_env(tmp_path, extra_env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=train_env(tmp_path, extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +127,12 @@ def two_workers(artifacts, tmp_path_factory) -> tuple[Path, subprocess.Completed
     """A two-worker run of TINY (in the folder returned, with its MLflow store), its listening sockets
     watched while it runs."""
     tmp_path = tmp_path_factory.mktemp("two-workers")
-    proc, watch = watch_command([sys.executable, str(SCRIPT), "--artifacts", str(artifacts), "--num-workers", "2",
-                                 "--out", str(tmp_path / "run"), *TINY], timeout=400, env=train_env(tmp_path),
-                                cwd=tmp_path)
+    proc, watch = watch_command(
+        [sys.executable, str(SCRIPT), "--artifacts", str(artifacts), "--num-workers", "2", "--out", str(tmp_path / "run"), *TINY],
+        timeout=400,
+        env=train_env(tmp_path),
+        cwd=tmp_path,
+    )
     return tmp_path, proc, watch
 
 
@@ -138,8 +163,8 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     assert [row["epoch"] for row in history] == [1, 2, 3]
     assert all(np.isfinite(row["loss"]) and 0.0 <= row["val_recall_at_20"] <= 1.0 for row in history)
     best_recall = max(row["val_recall_at_20"] for row in history)
-    from seeder import checkpoint
-    from seeder.train import load_state
+    from seeder.policy import checkpoint
+    from seeder.training.loop import load_state
 
     _, info = checkpoint.load_model(out / "model")
     # The kept model is an epoch with the best validation recall; among tied epochs (frequent on this
@@ -151,9 +176,9 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     assert info.metrics["val_mrr"] == pytest.approx(best_row["val_mrr"])
     assert (out / "training_curve.png").stat().st_size > 1000
     # Each of the two workers trains on its half of the trainable queries: the schedule counts its steps.
-    from seeder.artifacts import open_artifacts
-    from seeder.inference import QueryData
-    from seeder.train import trainable_queries
+    from seeder.policy.inference import QueryData
+    from seeder.preprocessing.artifacts import open_artifacts
+    from seeder.training.loop import trainable_queries
 
     last = load_state(max((out / "ray" / "train").glob("epoch_*")) / pipeline.CHECKPOINT_DIR)
     assert last.epoch == 3 and last.best_epoch == info.epoch
@@ -167,8 +192,18 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["train.epochs"] == "3" and run.data.params["run.num_workers"] == "2"
-    for key in ("loss", "loss_reinforce", "loss_bpr", "reward", "val_hit_at_1", "val_hit_at_5", "val_mrr",
-                "val_recall_at_20", "selection_score", "trajectories_per_second"):
+    for key in (
+        "loss",
+        "loss_reinforce",
+        "loss_bpr",
+        "reward",
+        "val_hit_at_1",
+        "val_hit_at_5",
+        "val_mrr",
+        "val_recall_at_20",
+        "selection_score",
+        "trajectories_per_second",
+    ):
         assert [step for step, _ in metric_history(tmp_path, run_id, key)] == [1, 2, 3], key
     assert metric_history(tmp_path, run_id, "loss") == [(r["epoch"], pytest.approx(r["loss"])) for r in history]
     artifacts_logged = {a.path for a in client.list_artifacts(run_id, "model")}
@@ -183,8 +218,24 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
         report.unlink(missing_ok=True)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
         try:
-            assert main(["evaluate", "--artifacts", str(artifacts), "--method", "seeder", "--model", model,
-                         "--split", "val", "--json", str(report)]) == 0
+            assert (
+                main(
+                    [
+                        "evaluate",
+                        "--artifacts",
+                        str(artifacts),
+                        "--method",
+                        "seeder",
+                        "--model",
+                        model,
+                        "--split",
+                        "val",
+                        "--json",
+                        str(report),
+                    ]
+                )
+                == 0
+            )
         finally:
             os.environ.pop("MLFLOW_TRACKING_URI")
         assert report.is_file()
@@ -246,8 +297,12 @@ def test_missing_val_split_is_a_clear_error_before_ray(pipeline, artifacts, tmp_
 
 @pytest.mark.parametrize(
     "override, expected",
-    [("train.epochs=abc", "train.epochs"), ("train.no_such_field=1", "no_such_field"),
-     ("train.expansion_sizes=[3]", "expansion_sizes"), ("train.baseline=median", "median")],
+    [
+        ("train.epochs=abc", "train.epochs"),
+        ("train.no_such_field=1", "no_such_field"),
+        ("train.expansion_sizes=[3]", "expansion_sizes"),
+        ("train.baseline=median", "median"),
+    ],
 )
 def test_bad_override_is_a_clear_error_before_ray(pipeline, artifacts, tmp_path, capsys, override, expected):
     assert pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), override]) == 2
@@ -257,8 +312,12 @@ def test_bad_override_is_a_clear_error_before_ray(pipeline, artifacts, tmp_path,
 
 
 def test_more_workers_than_queries_is_refused(pipeline, artifacts, tmp_path, capsys):
-    assert pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), "--num-workers", "4",
-                          "train.queries_per_epoch=3"]) == 2
+    assert (
+        pipeline.main(
+            ["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), "--num-workers", "4", "train.queries_per_epoch=3"]
+        )
+        == 2
+    )
     assert "--num-workers" in capsys.readouterr().err
     assert not ray_started()
 
@@ -269,8 +328,10 @@ def test_relative_init_from_reaches_workers_as_an_absolute_path(pipeline, artifa
     monkeypatch.chdir(tmp_path)
     job = pipeline.prepare_job(str(artifacts), None, [*TINY, "train.init_from=older/model"], str(tmp_path / "run"), 2)
     assert job.config.train.init_from == str(tmp_path / "older" / "model")
-    assert pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), *TINY,
-                          "train.init_from=older/missing"]) == 2
+    assert (
+        pipeline.main(["--artifacts", str(artifacts), "--out", str(tmp_path / "run"), *TINY, "train.init_from=older/missing"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "older/missing" in err and "model directory" in err
     assert not ray_started() and not (tmp_path / "run").exists()
@@ -285,15 +346,48 @@ def one_worker_beside_another_ray(artifacts, tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("one-worker")
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", MLFLOW_DISABLE_TELEMETRY="true")
-    other = subprocess.Popen([sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=driver_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "hold"],
+        cwd=REPO,
+        env=driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        plain = subprocess.run([sys.executable, "-m", "seeder.train", "--artifacts", str(artifacts), "--out",
-                                str(tmp_path / "plain"), *TINY, "train.num_threads=1"], cwd=tmp_path, env=env,
-                               capture_output=True, text=True, timeout=400)
+        plain = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "seeder.training.loop",
+                "--artifacts",
+                str(artifacts),
+                "--out",
+                str(tmp_path / "plain"),
+                *TINY,
+                "train.num_threads=1",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         wait_ready(other)
-        ray = run_train(["--artifacts", str(artifacts), "--num-workers", "1", "--cpus-per-worker", "1", "--out",
-                         str(tmp_path / "ray"), *TINY], tmp_path)
+        ray = run_train(
+            [
+                "--artifacts",
+                str(artifacts),
+                "--num-workers",
+                "1",
+                "--cpus-per-worker",
+                "1",
+                "--out",
+                str(tmp_path / "ray"),
+                *TINY,
+            ],
+            tmp_path,
+        )
     finally:
         stop_gracefully(other)
     return tmp_path, plain, ray
@@ -382,8 +476,10 @@ def test_gradients_are_averaged_over_ranks_now_or_one_step_late(tmp_path, delaye
     world, steps = 2, 4
     grads = np.random.default_rng(0).standard_normal((world, steps, 3)).round(2)
     outs = [str(tmp_path / f"rank{r}.npy") for r in range(world)]
-    processes = [mp.get_context("spawn").Process(target=_hook_rank, args=(r, world, str(tmp_path / "store"), delayed,
-                                                                          grads, outs[r])) for r in range(world)]
+    processes = [
+        mp.get_context("spawn").Process(target=_hook_rank, args=(r, world, str(tmp_path / "store"), delayed, grads, outs[r]))
+        for r in range(world)
+    ]
     for p in processes:
         p.start()
     for p in processes:
@@ -403,10 +499,17 @@ def test_several_artifacts_train_one_model_only_in_one_feature_space(tmp_path):
     import pipelines.train as pipeline
     from tests.datasets import hand_built_artifacts
 
-    first, _, _ = hand_built_artifacts(tmp_path / "a", "dense", relations=3, reduce_dim=0,
-                                 step_budget={"expansion_sizes": [5, 5], "frontier_caps": [25, 25]})
-    second, _, _ = hand_built_artifacts(tmp_path / "b", "dense", relations=5, reduce_dim=0, seed=4,
-                                  step_budget={"expansion_sizes": [4, 9, 6], "frontier_caps": [20, 45, 30]})
+    first, _, _ = hand_built_artifacts(
+        tmp_path / "a", "dense", relations=3, reduce_dim=0, step_budget={"expansion_sizes": [5, 5], "frontier_caps": [25, 25]}
+    )
+    second, _, _ = hand_built_artifacts(
+        tmp_path / "b",
+        "dense",
+        relations=5,
+        reduce_dim=0,
+        seed=4,
+        step_budget={"expansion_sizes": [4, 9, 6], "frontier_caps": [20, 45, 30]},
+    )
     one = pipeline.prepare_job([str(first)], None, ["train.epochs=1"], str(tmp_path / "one"), 1)
     both = pipeline.prepare_job([str(first), str(second)], None, ["train.epochs=1"], str(tmp_path / "both"), 1)
     assert both.artifacts == f"{first},{second}"

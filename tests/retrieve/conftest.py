@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from seeder.store import open_dataset, write_dataset
+from seeder.data.store import open_dataset, write_dataset
 
 
 def normalised(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
@@ -17,9 +17,7 @@ def normalised(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
 def make_graph(path, src, dst, rel, num_nodes, num_relations, names=None, queries=None):
     """Write a dataset with the given edges; queries default to one val query answered by node 0."""
     names = names or [f"node {i}" for i in range(num_nodes)]
-    nodes = pa.table(
-        {"id": np.arange(num_nodes), "type": ["entity"] * num_nodes, "name": names, "text": names}
-    )
+    nodes = pa.table({"id": np.arange(num_nodes), "type": ["entity"] * num_nodes, "name": names, "text": names})
     relations = pa.table(
         {
             "id": np.arange(num_relations, dtype=np.int32),
@@ -28,9 +26,7 @@ def make_graph(path, src, dst, rel, num_nodes, num_relations, names=None, querie
             "inverse_text": [f"inverse relation {i}" for i in range(num_relations)],
         }
     )
-    edges = pa.table(
-        {"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64), "relation": np.asarray(rel, np.int32)}
-    )
+    edges = pa.table({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64), "relation": np.asarray(rel, np.int32)})
     if queries is None:
         queries = pa.table({"id": [0], "text": ["what is node 0"], "answers": [[0]], "split": ["val"]})
     return open_dataset(write_dataset(path, nodes, relations, edges, queries))

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from seeder.config import ConfigError, SeedConfig, SeederConfig, load_config
-from seeder.preprocess import run_seeds, stage_fingerprints
+from seeder.preprocessing.stages import run_seeds, stage_fingerprints
 from seeder.retrieve.ann import AnnIndex, check_ann_config, derived_nlist, search_block, topk_recall
 from seeder.retrieve.seeds import dense_search, dense_seeds, resolve_search, seed_queries
 
@@ -77,8 +77,11 @@ def test_serialised_index_gives_identical_results(clustered_set):
     loaded = AnnIndex.from_bytes(data)
     assert loaded.params == index.params and loaded.info["nprobe"] == ANN.ann_nprobe
     want = index.search(queries, 3, nprobe=ANN.ann_nprobe, extra=ANN.ann_extra)
-    for got in (loaded.search(queries, 3, nprobe=ANN.ann_nprobe, extra=ANN.ann_extra), search_block(data, queries, ANN),
-                search_block(np.frombuffer(data, np.uint8), queries, ANN)):
+    for got in (
+        loaded.search(queries, 3, nprobe=ANN.ann_nprobe, extra=ANN.ann_extra),
+        search_block(data, queries, ANN),
+        search_block(np.frombuffer(data, np.uint8), queries, ANN),
+    ):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
     with pytest.raises(ValueError, match="not a serialised"):
@@ -103,9 +106,16 @@ def test_auto_is_exact_below_the_node_threshold_and_for_small_batches():
     np.testing.assert_array_equal(scores, want[1])
 
 
-@pytest.mark.parametrize("override,key", [("seed.search=fast", "seed.search"), ("seed.ann_nprobe=0", "seed.ann_nprobe"),
-                                          ("seed.ann_nlist=-4", "seed.ann_nlist"), ("seed.ann_min_recall=1.5", "seed.ann_min_recall"),
-                                          ("seed.ann_nlist_factor=0", "seed.ann_nlist_factor")])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("seed.search=fast", "seed.search"),
+        ("seed.ann_nprobe=0", "seed.ann_nprobe"),
+        ("seed.ann_nlist=-4", "seed.ann_nlist"),
+        ("seed.ann_min_recall=1.5", "seed.ann_min_recall"),
+        ("seed.ann_nlist_factor=0", "seed.ann_nlist_factor"),
+    ],
+)
 def test_bad_values_are_config_errors_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         check_ann_config(load_config(None, [override]).seed)
@@ -133,8 +143,15 @@ def test_seeds_fingerprint_covers_search_settings_only_where_they_apply():
 
 def seeds_run(tmp_path, nodes, queries, **seed):
     n, q = len(nodes), len(queries)
-    kg = make_graph(tmp_path / "kg", [0], [1], [0], n, 1, queries=pa.table({
-        "id": np.arange(q), "text": [f"q{i}" for i in range(q)], "answers": [[0]] * q, "split": ["val"] * q}))
+    kg = make_graph(
+        tmp_path / "kg",
+        [0],
+        [1],
+        [0],
+        n,
+        1,
+        queries=pa.table({"id": np.arange(q), "text": [f"q{i}" for i in range(q)], "answers": [[0]] * q, "split": ["val"] * q}),
+    )
     features = tmp_path / "features"
     features.mkdir()
     np.save(features / "node.npy", nodes), np.save(features / "query.npy", queries)
@@ -154,6 +171,13 @@ def test_run_seeds_reports_the_search_its_recall_and_falls_back(tmp_path, cluste
     assert small["search"] == "exact" and "ann" not in small
     # auto with an index that loses seeds on the sample: exact search instead, and the info says so.
     rng = np.random.default_rng(5)
-    info = seeds_run(tmp_path / "fallback", normalised(rng, 3_000, 32), normalised(rng, 400, 32), ann_min_nodes=1,
-                     ann_nlist=20, ann_nprobe=1, ann_min_recall=0.99)
+    info = seeds_run(
+        tmp_path / "fallback",
+        normalised(rng, 3_000, 32),
+        normalised(rng, 400, 32),
+        ann_min_nodes=1,
+        ann_nlist=20,
+        ann_nprobe=1,
+        ann_min_recall=0.99,
+    )
     assert info["search"] == "exact" and info["ann"]["fell_back_to_exact"] and info["ann"]["recall"] < 0.99

@@ -48,9 +48,18 @@ def reference_expand(kg, nf, rf, qf, seeds, cfg):
 def run(kg, nf, rf, qf, seeds, cfg, **kw):
     num_q = len(qf)
     return expand_queries(
-        kg, nf, rf, qf, seeds, np.zeros(seeds.shape, np.float32), cfg,
-        query_ids=np.arange(num_q) * 10, splits=np.array(["val"] * num_q, dtype=object),
-        answer_ptr=np.arange(num_q + 1), answers=np.arange(num_q), **kw,
+        kg,
+        nf,
+        rf,
+        qf,
+        seeds,
+        np.zeros(seeds.shape, np.float32),
+        cfg,
+        query_ids=np.arange(num_q) * 10,
+        splits=np.array(["val"] * num_q, dtype=object),
+        answer_ptr=np.arange(num_q + 1),
+        answers=np.arange(num_q),
+        **kw,
     )
 
 
@@ -210,8 +219,9 @@ def test_exact_ties_break_by_node_id_as_the_reference(random_graph, parent_term)
     seeds = rng.integers(0, kg.num_nodes, (9, 3))
     # Unequal weights: with w1 = w2, u and v swapping feature rows tie in exact arithmetic but round
     # differently in float32 (the sum's order differs), which is no tie to break.
-    cfg = ExpandConfig(budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term,
-                       weights=[0.5, 0.3, 0.2])
+    cfg = ExpandConfig(
+        budget=20, hops=3, keep_per_hop=[5, 6, 9], batch_queries=4, parent_term=parent_term, weights=[0.5, 0.3, 0.2]
+    )
     got = run(kg, nf, rf, qf, seeds, cfg)
     assert len(np.unique(got.score)) < 0.6 * len(got.score)  # ties really happen
     for q, (nodes, hops, scores) in enumerate(reference_expand(kg, nf, rf, qf, seeds, cfg)):
@@ -286,10 +296,12 @@ def test_learned_filter_matches_brute_force_reference_with_ties(random_graph, pa
     children = np.where(rng.random((size, 2 * kg.num_relations)) < 0.5, rng.integers(1, size, (size, 2 * kg.num_relations)), -1)
     terms = rng.choice(np.array([-1.0, -0.5, 0.0], np.float32), (len(qf), size))
     ends = rng.standard_normal((len(qf), size)).astype(np.float32)
-    cfg = ExpandConfig(budget=16, hops=3, keep_per_hop=[4, 5, 7], relation_score="learned", parent_term=parent_term,
-                       weights=[0.5, 0.3, 0.2])  # unequal: see test_exact_ties_break_by_node_id_as_the_reference
-    got = khop.expand_batch(GraphIndex.build(kg), nf, rf, qf, seeds, cfg,
-                            path_terms=terms, trie_children=children, end_terms=ends)
+    cfg = ExpandConfig(
+        budget=16, hops=3, keep_per_hop=[4, 5, 7], relation_score="learned", parent_term=parent_term, weights=[0.5, 0.3, 0.2]
+    )  # unequal: see test_exact_ties_break_by_node_id_as_the_reference
+    got = khop.expand_batch(
+        GraphIndex.build(kg), nf, rf, qf, seeds, cfg, path_terms=terms, trie_children=children, end_terms=ends
+    )
     assert len(np.unique(got["path_end"])) < len(got["path_end"])  # nodes share a path
     want, tied_paths = reference_expand_learned(kg, nf, qf, seeds, cfg, terms, children, ends)
     assert tied_paths > 0  # the smallest-trie-node rule is exercised

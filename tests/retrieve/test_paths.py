@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from seeder.config import ConfigError, PriorConfig
+from seeder.data.store import build_csr
 from seeder.retrieve.paths import ROOT, check_code_range, decode, describe, golden_paths, golden_paths_batched, path_length
-from seeder.store import build_csr
 
 
 def _random_graph(rng, n=40, e=120, r=3):
@@ -44,17 +44,22 @@ def test_golden_paths_match_a_brute_force_enumeration(seed):
     ptr = np.concatenate([[0], np.cumsum([len(a) for a in answers])])
     cfg = PriorConfig(neighbor_cap=10**6, path_cap=10**6)
     found = golden_paths(indptr, neighbors, relations, r, seeds, ptr, np.concatenate(answers), 3, cfg)
-    got = {(int(q), int(c)): (int(h), int(m)) for q, c, h, m in zip(found["query"], found["code"], found["hits"], found["reached"])}
+    got = {
+        (int(q), int(c)): (int(h), int(m)) for q, c, h, m in zip(found["query"], found["code"], found["hits"], found["reached"])
+    }
     assert got == _brute_force(indptr, neighbors, relations, 2 * r, seeds, answers, 3)
     assert len(got) > 10
     np.testing.assert_array_equal(found["length"], path_length(found["code"], 2 * r))
+
     # Batching does not change the result.
     class KG:
         pass
 
     kg = KG()
     kg.indptr, kg.neighbors, kg.edge_relations, kg.num_relations = indptr, neighbors, relations, r
-    batched = golden_paths_batched(kg, seeds, ptr, np.concatenate(answers), 3, PriorConfig(neighbor_cap=10**6, path_cap=10**6, batch_queries=5))
+    batched = golden_paths_batched(
+        kg, seeds, ptr, np.concatenate(answers), 3, PriorConfig(neighbor_cap=10**6, path_cap=10**6, batch_queries=5)
+    )
     for key in found:
         np.testing.assert_array_equal(found[key], batched[key], err_msg=key)
 
@@ -67,8 +72,9 @@ def test_caps_bound_the_work_of_a_hub():
     indptr, neighbors, relations = build_csr(hub + 1, 1, src, dst, np.zeros(hub, np.int64))
     seeds = np.array([[0]])
     answers = np.arange(1, hub + 1)
-    found = golden_paths(indptr, neighbors, relations, 1, seeds, np.array([0, hub]), answers, 2,
-                         PriorConfig(neighbor_cap=50, path_cap=20))
+    found = golden_paths(
+        indptr, neighbors, relations, 1, seeds, np.array([0, hub]), answers, 2, PriorConfig(neighbor_cap=50, path_cap=20)
+    )
     first = found["length"] == 1
     assert found["reached"][first].tolist() == [20] and found["hits"][first].tolist() == [20]
 

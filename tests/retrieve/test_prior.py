@@ -26,16 +26,25 @@ def test_targets_keep_paths_near_the_best_f1():
     # A longer path to as many nodes and answers as a shorter one is a detour, not a target.
     # Relations 0, 1 and inverses 2, 3: "0 -> 2 -> 1" steps straight back; "1" reaches the same 3 nodes.
     r1, back, other = ROOT * 4 + 1, ((ROOT * 4 + 0) * 4 + 2) * 4 + 1, ((ROOT * 4 + 0) * 4 + 1) * 4 + 1
-    kept, _, _ = path_targets(np.zeros(3, int), np.array([r1, back, other]), np.array([2, 2, 2]), np.array([3, 3, 3]),
-                              np.array([2, 2, 2]), 0.5, 4)
+    kept, _, _ = path_targets(
+        np.zeros(3, int), np.array([r1, back, other]), np.array([2, 2, 2]), np.array([3, 3, 3]), np.array([2, 2, 2]), 0.5, 4
+    )
     assert kept.tolist() == [0]  # a longer path to as many nodes (a coincidence) is not a target either
-    kept, _, _ = path_targets(np.zeros(2, int), np.array([r1, back]), np.array([2, 2]), np.array([4, 3]),
-                              np.array([2, 2]), 0.5, 4)
+    kept, _, _ = path_targets(
+        np.zeros(2, int), np.array([r1, back]), np.array([2, 2]), np.array([4, 3]), np.array([2, 2]), 0.5, 4
+    )
     assert kept.tolist() == [0, 1]  # the step back reaches other nodes (and is the best path): not a detour
     # A longer path than the shortest best one is a coincidence, even at the same F1; a shorter, weaker
     # path stays a target beside a longer best one.
-    kept, _, _ = path_targets(np.zeros(3, int), np.array([r1, other, ROOT * 4 + 0]), np.array([1, 1, 1]),
-                              np.array([1, 1, 2]), np.array([1, 1, 1]), 0.5, 4)
+    kept, _, _ = path_targets(
+        np.zeros(3, int),
+        np.array([r1, other, ROOT * 4 + 0]),
+        np.array([1, 1, 1]),
+        np.array([1, 1, 2]),
+        np.array([1, 1, 1]),
+        0.5,
+        4,
+    )
     assert kept.tolist() == [0, 2]
 
 
@@ -66,8 +75,16 @@ def test_the_prior_learns_which_path_a_question_asks_for(tmp_path):
     features = centres[kind] + 0.3 * rng.normal(size=(600, 16))
     features /= np.linalg.norm(features, axis=1, keepdims=True)
     features = prior_inputs(features, np.ones((600, 6)))
-    prior = train_prior(features, np.arange(600), types[kind], np.ones(600, np.float32),
-                        np.arange(600) * 3 + 1, 6, PriorConfig(epochs=30, hidden_dim=32), echo=lambda _: None)
+    prior = train_prior(
+        features,
+        np.arange(600),
+        types[kind],
+        np.ones(600, np.float32),
+        np.arange(600) * 3 + 1,
+        6,
+        PriorConfig(epochs=30, hidden_dim=32),
+        echo=lambda _: None,
+    )
     assert prior.info["held_out_top1_is_target"] > 0.95
     top = prior.vocab[prior.probs(features).argmax(axis=1)]
     assert np.mean(top == types[kind]) > 0.95
@@ -81,7 +98,7 @@ def _order_graph(num_seeds: int):
     """Seeds with two relation-ordered trees: seed -A-> x -B-> answer-type nodes, and seed -B-> y -A->
     nodes of the other type. "the B of the A of s" and "the A of the B of s" name the same two relations,
     so only the order separates the right hop-2 nodes from the wrong ones."""
-    from seeder.store import build_csr
+    from seeder.data.store import build_csr
 
     A, B = 0, 1
     src, dst, rel = [], [], []
@@ -132,18 +149,40 @@ def test_learned_filter_beats_cosine_when_only_relation_order_differs():
     kg = KG()
     kg.indptr, kg.neighbors, kg.edge_relations, kg.num_relations, kg.num_nodes = indptr, neighbors, relations, 2, n
     train = np.arange(80) < 60
-    found = golden_paths(indptr, neighbors, relations, 2, seeds[train][:, None], answer_ptr[: 61],
-                         flat_answers[: answer_ptr[60]], 2, PriorConfig())
-    kept, weight, _ = path_targets(found["query"], found["code"], found["hits"], found["reached"],
-                                   np.diff(answer_ptr)[found["query"]], 0.5, 4)
+    found = golden_paths(
+        indptr, neighbors, relations, 2, seeds[train][:, None], answer_ptr[:61], flat_answers[: answer_ptr[60]], 2, PriorConfig()
+    )
+    kept, weight, _ = path_targets(
+        found["query"], found["code"], found["hits"], found["reached"], np.diff(answer_ptr)[found["query"]], 0.5, 4
+    )
     inputs = prior_inputs(query_features, seed_relation_profile(indptr, relations, seeds[:, None], 4))
-    prior = train_prior(inputs[train], found["query"][kept], found["code"][kept], weight, np.arange(60), 4,
-                        PriorConfig(epochs=40, hidden_dim=16, lr=1e-2, min_count=1), echo=lambda _: None)
+    prior = train_prior(
+        inputs[train],
+        found["query"][kept],
+        found["code"][kept],
+        weight,
+        np.arange(60),
+        4,
+        PriorConfig(epochs=40, hidden_dim=16, lr=1e-2, min_count=1),
+        echo=lambda _: None,
+    )
 
     def ceiling(relation_score):
         cfg = ExpandConfig(budget=11, hops=2, keep_per_hop=[4, 6], weights=[0.1, 0.1, 1.0], relation_score=relation_score)
-        sub = expand_queries(kg, node_features, relation_features, query_features, seeds[:, None], np.zeros((80, 1)),
-                             cfg, np.arange(80), np.array(["x"] * 80, object), answer_ptr, flat_answers, prior=prior)
+        sub = expand_queries(
+            kg,
+            node_features,
+            relation_features,
+            query_features,
+            seeds[:, None],
+            np.zeros((80, 1)),
+            cfg,
+            np.arange(80),
+            np.array(["x"] * 80, object),
+            answer_ptr,
+            flat_answers,
+            prior=prior,
+        )
         held_out = np.repeat(np.arange(80), sub.sizes) >= 60
         return sub.is_answer[held_out].sum() / (answer_ptr[80] - answer_ptr[60]), sub, held_out  # recall, 20 held-out
 
@@ -156,13 +195,23 @@ def test_learned_filter_beats_cosine_when_only_relation_order_differs():
     assert ends[sub.is_answer[held_out]].min() > ends[~sub.is_answer[held_out]].max()
     assert not cosine_sub.path_end.any()
     with pytest.raises(ConfigError, match="relation-path prior"):
-        expand_queries(kg, node_features, relation_features, query_features, seeds[:, None], np.zeros((80, 1)),
-                       ExpandConfig(budget=11, hops=2, keep_per_hop=[4, 6], relation_score="learned"), np.arange(80),
-                       np.array(["x"] * 80, object), answer_ptr, flat_answers)
+        expand_queries(
+            kg,
+            node_features,
+            relation_features,
+            query_features,
+            seeds[:, None],
+            np.zeros((80, 1)),
+            ExpandConfig(budget=11, hops=2, keep_per_hop=[4, 6], relation_score="learned"),
+            np.arange(80),
+            np.array(["x"] * 80, object),
+            answer_ptr,
+            flat_answers,
+        )
 
 
 def test_seed_profile_masks_paths_the_seed_cannot_start():
-    from seeder.store import build_csr
+    from seeder.data.store import build_csr
 
     # Node 0 has only out-edges of relation 0; node 3 only in-edges of relation 1 (id 1 + R = 3).
     indptr, _, relations = build_csr(4, 2, np.array([0, 2]), np.array([1, 3]), np.array([0, 1]))
@@ -170,8 +219,15 @@ def test_seed_profile_masks_paths_the_seed_cannot_start():
     assert profile.tolist() == [[1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
     vocab = np.array([ROOT * 4 + 0, ROOT * 4 + 3, (ROOT * 4 + 0) * 4 + 1])
     d = 2
-    prior = RelationPathPrior(w1=np.zeros((d + 4, 3), np.float32), b1=np.zeros(3, np.float32), w2=np.zeros((3, 3), np.float32),
-                              b2=np.zeros(3, np.float32), vocab=vocab, num_relation_ids=4, info={})
+    prior = RelationPathPrior(
+        w1=np.zeros((d + 4, 3), np.float32),
+        b1=np.zeros(3, np.float32),
+        w2=np.zeros((3, 3), np.float32),
+        b2=np.zeros(3, np.float32),
+        vocab=vocab,
+        num_relation_ids=4,
+        info={},
+    )
     np.testing.assert_array_equal(prior.first_relation, [0, 3, 0])
     probs = prior.probs(prior_inputs(np.zeros((3, d)), profile))
     np.testing.assert_allclose(probs, [[0.5, 0, 0.5], [0, 1, 0], [1 / 3, 1 / 3, 1 / 3]], atol=1e-6)
@@ -189,9 +245,16 @@ def test_per_hop_prior_generalises_to_unseen_compositions(model):
     codes = (ROOT * base + a) * base + (b + 3)
     seen = (a + b) % 3 != 0  # (0,0), (1,2), (2,1) never occur in training
     inputs = prior_inputs(features, np.ones((900, base)))
-    prior = train_prior(inputs[seen], np.arange(int(seen.sum())), codes[seen], np.ones(int(seen.sum()), np.float32),
-                        np.arange(int(seen.sum())), base, PriorConfig(model=model, epochs=60, hidden_dim=32, lr=1e-2),
-                        echo=lambda _: None)
+    prior = train_prior(
+        inputs[seen],
+        np.arange(int(seen.sum())),
+        codes[seen],
+        np.ones(int(seen.sum()), np.float32),
+        np.arange(int(seen.sum())),
+        base,
+        PriorConfig(model=model, epochs=60, hidden_dim=32, lr=1e-2),
+        echo=lambda _: None,
+    )
     top = prior.vocab[prior.probs(inputs[~seen]).argmax(axis=1)]
     accuracy = float(np.mean(top == codes[~seen]))
     if model == "hops":
@@ -217,8 +280,9 @@ def test_the_refit_drops_paths_that_reach_the_answers_by_coincidence():
 
     def real_mass(rounds):
         cfg = PriorConfig(model="path", min_count=1, epochs=40, hidden_dim=32, lr=1e-2, refine_rounds=rounds)
-        prior = train_prior(inputs, query[order], codes[order], np.ones(2 * n, np.float32), np.arange(n), base, cfg,
-                            echo=lambda _: None)
+        prior = train_prior(
+            inputs, query[order], codes[order], np.ones(2 * n, np.float32), np.arange(n), base, cfg, echo=lambda _: None
+        )
         probs = prior.probs(inputs)
         return float(np.mean(probs[np.arange(n), np.searchsorted(prior.vocab, real)]))
 

@@ -23,8 +23,17 @@ def setup(random_graph):
     config.expand.budget, config.expand.keep_per_hop, config.eval.ranking_length = 12, [4, 8], 20
     seeds, scores = dense_seeds(qf, nf, 3)
     sg = expand_queries(
-        kg, nf, rf, qf, seeds, scores, config.expand, np.arange(5) + 100, np.array(["val"] * 5, dtype=object),
-        np.arange(6), np.arange(5) * 3,
+        kg,
+        nf,
+        rf,
+        qf,
+        seeds,
+        scores,
+        config.expand,
+        np.arange(5) + 100,
+        np.array(["val"] * 5, dtype=object),
+        np.arange(6),
+        np.arange(5) * 3,
     )
     return SimpleNamespace(node_features=nf), config, sg, qf, nf
 

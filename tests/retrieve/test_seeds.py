@@ -92,7 +92,7 @@ def test_memmap_node_features(tmp_path):
 def test_memmapped_features_do_not_stay_resident(tmp_path):
     """The search reads the features once, block by block, and lets each block go: at ten million nodes
     they are 10 GB, which would otherwise count in every seeding process's resident set."""
-    from tests.test_mapped import resident_file_bytes
+    from tests.system.test_mapped import resident_file_bytes
 
     rng = np.random.default_rng(6)
     nf = normalised(rng, 32_768, 256)  # 32 MB
@@ -106,7 +106,17 @@ def test_memmapped_features_do_not_stay_resident(tmp_path):
 
 
 def test_entity_linking_plain_text(tmp_path):
-    names = ["The Matrix", "Matrix", "Keanu Reeves", "Reeves", "It", "The Matrix Reloaded", "Lana  Wachowski!", "What?", "The Who"]
+    names = [
+        "The Matrix",
+        "Matrix",
+        "Keanu Reeves",
+        "Reeves",
+        "It",
+        "The Matrix Reloaded",
+        "Lana  Wachowski!",
+        "What?",
+        "The Who",
+    ]
     kg = make_graph(tmp_path / "kg", [0], [2], [0], len(names), 1, names=names)
     linker = EntityLinker(kg, SeedConfig(entity_min_chars=3, entity_max=3))
     found = linker.link(
@@ -163,22 +173,23 @@ def test_entity_linking_prefers_the_rarest_mention(tmp_path):
 
 
 def test_given_seeds_read_the_topic_attribute_and_refuse_bad_ones(tmp_path):
-    from seeder.io import DataError
     from seeder.retrieve.seeds import given_seeds
+    from seeder.system.io import DataError
 
-    queries = pa.table({
-        "id": np.array([5, 9, 12], np.int64),
-        "text": ["about node 3", "about nothing", "about node 1"],
-        "answers": [[0], [1], [2]],
-        "split": ["train", "val", "test"],
-        "topic_id": pa.array([3, None, 1], pa.int64()),
-    })
+    queries = pa.table(
+        {
+            "id": np.array([5, 9, 12], np.int64),
+            "text": ["about node 3", "about nothing", "about node 1"],
+            "answers": [[0], [1], [2]],
+            "split": ["train", "val", "test"],
+            "topic_id": pa.array([3, None, 1], pa.int64()),
+        }
+    )
     kg = make_graph(tmp_path / "g", np.array([0, 1]), np.array([1, 2]), np.array([0, 0]), 4, 1, queries=queries)
     linked = given_seeds(kg, np.array([12, 5, 9]), "topic_id")
     assert [x.tolist() for x in linked] == [[1], [3], []]
     # The given node first, dense seeds fill the rest (and a query without a topic).
-    ids, _ = select_seeds(SeedConfig(k0=2, strategy="dense+entity"), np.array([[2, 1], [0, 3], [2, 0]]),
-                          np.zeros((3, 2)), linked)
+    ids, _ = select_seeds(SeedConfig(k0=2, strategy="dense+entity"), np.array([[2, 1], [0, 3], [2, 0]]), np.zeros((3, 2)), linked)
     assert ids.tolist() == [[1, 2], [3, 0], [2, 0]]
     with pytest.raises(ConfigError, match="lacks"):
         given_seeds(kg, np.array([5]), "topic")
@@ -195,8 +206,13 @@ def test_a_name_shared_by_several_nodes_links_the_one_spelled_as_in_the_question
     names = ["Harry Connick Jr.", "harry connick jr.", "Hope Floats"]
     kg = make_graph(tmp_path / "kg", [2], [0], [0], len(names), 1, names=names)
     linker = EntityLinker(kg, SeedConfig(entity_max=1))
-    found = linker.link(["which movies can be described by harry connick jr.", "what did Harry Connick Jr. star in",
-                         "what did HARRY CONNICK JR star in"])
+    found = linker.link(
+        [
+            "which movies can be described by harry connick jr.",
+            "what did Harry Connick Jr. star in",
+            "what did HARRY CONNICK JR star in",
+        ]
+    )
     assert [f.tolist() for f in found] == [[1], [0], [0]]  # no verbatim match: id order
     assert EntityLinker(kg, SeedConfig(entity_max=2)).link(pa.array(["harry connick jr. films"]))[0].tolist() == [1, 0]
 

@@ -57,8 +57,9 @@ def test_the_prior_reads_which_relation_comes_first_from_the_wording():
     base, n = 4, 600
     first_is_a = rng.random(n) < 0.5
     entities = [f"Entity {i}" for i in range(n)]
-    texts = [f"what is the {'beta' if a else 'alpha'} of the {'alpha' if a else 'beta'} of {e}"
-             for a, e in zip(first_is_a, entities)]
+    texts = [
+        f"what is the {'beta' if a else 'alpha'} of the {'alpha' if a else 'beta'} of {e}" for a, e in zip(first_is_a, entities)
+    ]
     codes = np.where(first_is_a, (ROOT * base + 0) * base + 1, (ROOT * base + 1) * base + 0)
     embedding = np.ones((n, 8), np.float32) / np.sqrt(8)
     profile = np.ones((n, base), np.float32)
@@ -67,8 +68,17 @@ def test_the_prior_reads_which_relation_comes_first_from_the_wording():
     train, test = np.arange(n) < 450, np.arange(n) >= 450
 
     def accuracy(inputs, wording_dim):
-        prior = train_prior(inputs[train], np.arange(450), codes[train], np.ones(450, np.float32), np.arange(450),
-                            base, cfg, echo=lambda _: None, wording_dim=wording_dim)
+        prior = train_prior(
+            inputs[train],
+            np.arange(450),
+            codes[train],
+            np.ones(450, np.float32),
+            np.arange(450),
+            base,
+            cfg,
+            echo=lambda _: None,
+            wording_dim=wording_dim,
+        )
         top = prior.vocab[prior.probs(inputs[test]).argmax(axis=1)]
         return float(np.mean(top == codes[test])), prior
 
@@ -78,17 +88,32 @@ def test_the_prior_reads_which_relation_comes_first_from_the_wording():
     assert without < 0.7
     # The prior computes its own wording block from the texts, and says so when they are missing.
     np.testing.assert_allclose(
-        prior.probs(prior.inputs(embedding[test], profile[test], [texts[i] for i in np.flatnonzero(test)],
-                                 [[entities[i]] for i in np.flatnonzero(test)])),
-        prior.probs(prior_inputs(embedding, profile, wording)[test]), rtol=1e-5)
+        prior.probs(
+            prior.inputs(
+                embedding[test],
+                profile[test],
+                [texts[i] for i in np.flatnonzero(test)],
+                [[entities[i]] for i in np.flatnonzero(test)],
+            )
+        ),
+        prior.probs(prior_inputs(embedding, profile, wording)[test]),
+        rtol=1e-5,
+    )
     with pytest.raises(ConfigError, match="question texts"):
         prior.inputs(embedding, profile, None, None)
 
 
 def test_the_wording_width_survives_save_and_load(tmp_path):
-    prior = RelationPathPrior(w1=np.zeros((10, 2), np.float32), b1=np.zeros(2, np.float32), w2=np.zeros((2, 1), np.float32),
-                              b2=np.zeros(1, np.float32), vocab=np.array([ROOT * 2]), num_relation_ids=2, info={},
-                              wording_dim=6)
+    prior = RelationPathPrior(
+        w1=np.zeros((10, 2), np.float32),
+        b1=np.zeros(2, np.float32),
+        w2=np.zeros((2, 1), np.float32),
+        b2=np.zeros(1, np.float32),
+        vocab=np.array([ROOT * 2]),
+        num_relation_ids=2,
+        info={},
+        wording_dim=6,
+    )
     prior.save(tmp_path)
     assert RelationPathPrior.load(tmp_path).wording_dim == 6
 
@@ -105,11 +130,18 @@ def test_three_relation_phrases_keep_distinct_distances():
 def test_a_prior_trained_on_other_wording_features_is_refused(tmp_path):
     import json
 
-    from seeder.io import DataError
+    from seeder.system.io import DataError
 
-    prior = RelationPathPrior(w1=np.zeros((10, 2), np.float32), b1=np.zeros(2, np.float32), w2=np.zeros((2, 1), np.float32),
-                              b2=np.zeros(1, np.float32), vocab=np.array([ROOT * 2]), num_relation_ids=2, info={},
-                              wording_dim=6)
+    prior = RelationPathPrior(
+        w1=np.zeros((10, 2), np.float32),
+        b1=np.zeros(2, np.float32),
+        w2=np.zeros((2, 1), np.float32),
+        b2=np.zeros(1, np.float32),
+        vocab=np.array([ROOT * 2]),
+        num_relation_ids=2,
+        info={},
+        wording_dim=6,
+    )
     prior.save(tmp_path)
     meta = json.loads((tmp_path / "prior.json").read_text())
     (tmp_path / "prior.json").write_text(json.dumps({**meta, "wording_version": 0}))

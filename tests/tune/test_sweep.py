@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from seeder.sweep import METRIC
+from seeder.training.sweep import METRIC
 from tests.conftest import free_port
 from tests.sockets import assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
@@ -24,8 +24,20 @@ REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "tune" / "sweep.py"
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true")
 # Tiny trials: a few queries per epoch, small models.
-TRIAL_ARGS = ["--epochs", "2", "--queries-per-epoch", "24", "--val-queries", "16", "--num-cpus", "2",
-              "train.num_trajectories=4", "train.batch_size=8", "train.expansion_sizes=[3,3]", "train.frontier_caps=[8,12]"]
+TRIAL_ARGS = [
+    "--epochs",
+    "2",
+    "--queries-per-epoch",
+    "24",
+    "--val-queries",
+    "16",
+    "--num-cpus",
+    "2",
+    "train.num_trajectories=4",
+    "train.batch_size=8",
+    "train.expansion_sizes=[3,3]",
+    "train.frontier_caps=[8,12]",
+]
 SPACE = """
 model.hidden_dim: [8, 16]
 model.num_layers: [1, 2]
@@ -43,21 +55,33 @@ def write_tiny_graph(path: Path) -> Path:
     import numpy as np
     import pyarrow as pa
 
-    from seeder.store import write_dataset
+    from seeder.data.store import write_dataset
 
     rng = np.random.default_rng(0)
     n, r, e, q = 300, 4, 1500, 160
     src, dst, rel = rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e)
     names = [f"node {i}" for i in range(n)]
     nodes = pa.table({"id": np.arange(n), "type": ["entity"] * n, "name": names, "text": names})
-    relations = pa.table({"id": np.arange(r, dtype=np.int32), "name": [f"r{i}" for i in range(r)],
-                          "text": [f"relation {i}" for i in range(r)], "inverse_text": [f"inverse relation {i}" for i in range(r)]})
+    relations = pa.table(
+        {
+            "id": np.arange(r, dtype=np.int32),
+            "name": [f"r{i}" for i in range(r)],
+            "text": [f"relation {i}" for i in range(r)],
+            "inverse_text": [f"inverse relation {i}" for i in range(r)],
+        }
+    )
     edges = pa.table({"src": src, "dst": dst, "relation": rel.astype(np.int32)})
     picked = rng.choice(e, q, replace=False)
     answers = [sorted(set(dst[(src == src[i]) & (rel == rel[i])].tolist())) for i in picked]
     splits = np.array(["train"] * 112 + ["val"] * 32 + ["test"] * 16)
-    queries = pa.table({"id": np.arange(q), "text": [f"relation {rel[i]} of node {src[i]}" for i in picked],
-                        "answers": answers, "split": splits.tolist()})
+    queries = pa.table(
+        {
+            "id": np.arange(q),
+            "text": [f"relation {rel[i]} of node {src[i]}" for i in picked],
+            "answers": answers,
+            "split": splits.tolist(),
+        }
+    )
     return write_dataset(path, nodes, relations, edges, queries)
 
 
@@ -67,13 +91,31 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep-data")
     dataset = write_tiny_graph(root / "ds")
     out = root / "art"
-    proc = subprocess.run([sys.executable, str(REPO / "pipelines" / "preprocess.py"), "--dataset", str(dataset),
-                           "--out", str(out), "--ray-address", "local", "embed.encoder=hash", "seed.strategy=dense", "expand.relation_score=cosine", "embed.hash_dim=32",
-                           "reduce.dim=16", "expand.budget=40", "expand.keep_per_hop=[15,25]"],
-                          env=ENV, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "pipelines" / "preprocess.py"),
+            "--dataset",
+            str(dataset),
+            "--out",
+            str(out),
+            "--ray-address",
+            "local",
+            "embed.encoder=hash",
+            "seed.strategy=dense",
+            "expand.relation_score=cosine",
+            "embed.hash_dim=32",
+            "reduce.dim=16",
+            "expand.budget=40",
+            "expand.keep_per_hop=[15,25]",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
-
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +124,27 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],  # one process: under load, uvicorn's supervisor kills slow workers
-        cwd=root, env=ENV, stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],  # one process: under load, uvicorn's supervisor kills slow workers
+        cwd=root,
+        env=ENV,
+        stdout=open(root / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -117,8 +176,23 @@ def server_sweep(artifacts, mlflow_server, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep-server")
     (root / "space.yaml").write_text(SPACE)
     env = dict(ENV, MLFLOW_TRACKING_URI=mlflow_server)
-    args = ["--artifacts", str(artifacts), "--num-samples", "4", "--max-concurrent", "2", "--space",
-            str(root / "space.yaml"), "--name", "srv", "--storage", str(root / "ray"), "--seed", "3", *TRIAL_ARGS]
+    args = [
+        "--artifacts",
+        str(artifacts),
+        "--num-samples",
+        "4",
+        "--max-concurrent",
+        "2",
+        "--space",
+        str(root / "space.yaml"),
+        "--name",
+        "srv",
+        "--storage",
+        str(root / "ray"),
+        "--seed",
+        "3",
+        *TRIAL_ARGS,
+    ]
     proc, watch = watch_command([sys.executable, str(SWEEP), *args], timeout=400, cwd=root, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return mlflow_server, proc, watch
@@ -148,7 +222,9 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
     failed = [c for c in children if c.info.status == "FAILED"]
     ok = [c for c in children if c.info.status == "FINISHED"]
     # Exactly the trials given expansion sizes [30, 3] failed, and the sweep went on with the others.
-    assert {c.info.run_id for c in failed} == {c.info.run_id for c in children if c.data.params["train.expansion_sizes"] == "[30, 3]"}
+    assert {c.info.run_id for c in failed} == {
+        c.info.run_id for c in children if c.data.params["train.expansion_sizes"] == "[30, 3]"
+    }
     assert failed and ok, "seed 3 should draw both expansion-size choices; pick another --seed if Optuna changed"
     assert all("frontier_caps" in c.data.tags["seeder.error"] for c in failed)
     for child in ok:
@@ -157,7 +233,8 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
         epochs = 2 if child.data.tags["seeder.status"] == "FINISHED" else 1
         assert [m.step for m in history] == list(range(1, epochs + 1))
         assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= {
-            f.path for f in client.list_artifacts(child.info.run_id, "model")}
+            f.path for f in client.list_artifacts(child.info.run_id, "model")
+        }
     # The champion: the best child by validation recall, registered with alias `champion`.
     version = client.get_model_version_by_alias(f"seeder-{artifacts.name}", "champion")
     best = max(ok, key=lambda c: max(m.value for m in client.get_metric_history(c.info.run_id, METRIC)))
@@ -176,9 +253,27 @@ def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tm
     parent = client.search_runs([client.get_experiment_by_name("seeder-sweeps").experiment_id], "tags.`seeder.kind` = 'sweep'")[0]
     out = tmp_path / "test.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "seeder.cli", "evaluate", "--artifacts", str(artifacts), "--split", "test", "--method", "seeder",
-         "--model", f"models:/seeder-{artifacts.name}@champion", "--json", str(out)],
-        env=dict(ENV, MLFLOW_TRACKING_URI=url), cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "seeder.cli",
+            "evaluate",
+            "--artifacts",
+            str(artifacts),
+            "--split",
+            "test",
+            "--method",
+            "seeder",
+            "--model",
+            f"models:/seeder-{artifacts.name}@champion",
+            "--json",
+            str(out),
+        ],
+        env=dict(ENV, MLFLOW_TRACKING_URI=url),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     overall = json.loads(out.read_text())["methods"]["seeder"]["all"]
@@ -188,22 +283,45 @@ def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tm
     import mlflow
     import pandas as pd
 
-    from seeder.store import open_dataset
+    from seeder.data.store import open_dataset
 
-    question = open_dataset(json.loads((artifacts / "manifest.json").read_text())["dataset"]).queries_of("test").column("text")[0].as_py()
+    question = (
+        open_dataset(json.loads((artifacts / "manifest.json").read_text())["dataset"])
+        .queries_of("test")
+        .column("text")[0]
+        .as_py()
+    )
     mlflow.set_tracking_uri(url)
     frame = mlflow.pyfunc.load_model(f"models:/seeder-{artifacts.name}@champion").predict(
-        pd.DataFrame({"question": [question, "something else entirely"]}), params={"k": 5})
+        pd.DataFrame({"question": [question, "something else entirely"]}), params={"k": 5}
+    )
     assert list(frame.columns) == ["question", "rank", "node", "name", "score", "step"]
-    assert frame.groupby("question")["rank"].apply(list).to_dict() == {question: [1, 2, 3, 4, 5], "something else entirely": [1, 2, 3, 4, 5]}
+    assert frame.groupby("question")["rank"].apply(list).to_dict() == {
+        question: [1, 2, 3, 4, 5],
+        "something else entirely": [1, 2, 3, 4, 5],
+    }
 
 
 def chromium_dom(url: str, profile: Path) -> str:
     proc = subprocess.run(
-        [shutil.which("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-         "--virtual-time-budget=15000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=180,
+        [
+            shutil.which("chromium"),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=15000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     return proc.stdout
 
@@ -234,10 +352,28 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     db = tmp_path / "runs" / "mlflow.db"
     # Six trials, one at a time: after two finish, enough work is left that Ctrl-C lands mid-sweep
     # even on an idle machine (with four, the sweep could finish first).
-    args = ["--artifacts", str(artifacts), "--num-samples", "6", "--max-concurrent", "1", "--name", "res",
-            "--storage", str(tmp_path / "ray"), "--grace-epochs", "2", *TRIAL_ARGS]
-    proc = subprocess.Popen([sys.executable, str(SWEEP), *args], cwd=tmp_path, env=ENV,
-                            stdout=open(tmp_path / "first.log", "wb"), stderr=subprocess.STDOUT)
+    args = [
+        "--artifacts",
+        str(artifacts),
+        "--num-samples",
+        "6",
+        "--max-concurrent",
+        "1",
+        "--name",
+        "res",
+        "--storage",
+        str(tmp_path / "ray"),
+        "--grace-epochs",
+        "2",
+        *TRIAL_ARGS,
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, str(SWEEP), *args],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=open(tmp_path / "first.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
 
     def finished_trials(attempts: int = 1) -> list[str]:
         for _ in range(attempts):

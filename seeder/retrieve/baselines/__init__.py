@@ -13,7 +13,6 @@ from typing import Callable
 from seeder.config import BaselinesConfig
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.baselines import astar, beam, bm25, gretriever, ppr, ppr_mmr, subgraphrag
-from seeder.retrieve.baselines.bm25 import bm25_seeds, hybrid_seeds
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 
 Retriever = Callable[[BaselineInputs, BaselinesConfig, int], RetrievalResult]
@@ -47,7 +46,5 @@ __all__ = [
     "NEEDS_TEXT",
     "BaselineInputs",
     "InMemoryGraph",
-    "bm25_seeds",
-    "hybrid_seeds",
     "run_baseline",
 ]

@@ -77,8 +77,13 @@ def astar_search(
     _, first = np.unique(left[order, 1].astype(np.int64), return_index=True)  # best entry per node
     keep = np.sort(first)  # back to priority order
     return SearchTrace(
-        nodes, values[:, 0], values[:, 1], values[:, 2].astype(np.int64), values[:, 3].astype(np.int64),
-        left[order[keep], 1].astype(np.int64), left[order[keep], 0],
+        nodes,
+        values[:, 0],
+        values[:, 1],
+        values[:, 2].astype(np.int64),
+        values[:, 3].astype(np.int64),
+        left[order[keep], 1].astype(np.int64),
+        left[order[keep], 0],
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from seeder.config import BaselinesConfig, ConfigError
+from seeder.data.subgraphs import sorted_lookup
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.baselines.common import (
     BaselineInputs,
@@ -23,7 +24,6 @@ from seeder.retrieve.baselines.common import (
     pair_cosine,
     rank_candidates,
 )
-from seeder.subgraphs import sorted_lookup
 
 
 def transition_weights(cfg: BaselinesConfig) -> tuple[float, float, float]:

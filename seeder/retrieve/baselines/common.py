@@ -12,12 +12,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seeder.io import DataError
-from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.base import RetrievalResult, group_rank  # noqa: F401 (the baselines import it from here)
+from seeder.retrieve.topk import dense_seeds as exact_topk
+from seeder.system.io import DataError
 
 
 class CSRGraph(Protocol):
-    """What the baselines need of a graph; ``seeder.store.KnowledgeGraph`` satisfies it."""
+    """What the baselines need of a graph; ``seeder.data.store.KnowledgeGraph`` satisfies it."""
 
     indptr: np.ndarray  # int64 [N+1]
     neighbors: np.ndarray  # int32 [2E]
@@ -42,7 +43,7 @@ class InMemoryGraph:
 
     @classmethod
     def from_edges(cls, num_nodes: int, num_relations: int, src, dst, rel) -> "InMemoryGraph":
-        from seeder.store import build_csr
+        from seeder.data.store import build_csr
 
         src, dst, rel = (np.asarray(a, dtype=np.int64) for a in (src, dst, rel))
         indptr, neighbors, relations = build_csr(num_nodes, num_relations, src, dst, rel)
@@ -90,9 +91,7 @@ class BaselineInputs:
                 f"({2 * self.graph.num_relations}, {d}): one row per relation and per inverse relation"
             )
         if self.query_features.shape != (len(self.query_ids), d):
-            raise DataError(
-                f"query_features has shape {self.query_features.shape}, expected ({len(self.query_ids)}, {d})"
-            )
+            raise DataError(f"query_features has shape {self.query_features.shape}, expected ({len(self.query_ids)}, {d})")
         if self.query_texts is not None and len(self.query_texts) != len(self.query_ids):
             raise DataError(f"{len(self.query_texts)} query texts for {len(self.query_ids)} query ids")
 
@@ -140,9 +139,7 @@ def dense_topk(
     The project's blocked kernel (``seeder.retrieve.seeds.dense_seeds``): memory stays at
     queries x ``block_nodes`` however large the graph is; k beyond N pads with -1.
     """
-    from seeder.retrieve.seeds import dense_seeds as blocked_topk
-
-    return blocked_topk(query_features, node_features, max(int(k), 1), block_nodes=block_nodes)
+    return exact_topk(query_features, node_features, max(int(k), 1), block_nodes=block_nodes)
 
 
 def pair_cosine(query_features: np.ndarray, query_pos: np.ndarray, vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -157,15 +154,6 @@ def pair_cosine(query_features: np.ndarray, query_pos: np.ndarray, vectors: np.n
 
 # ---------------------------------------------------------------------------------------------------
 # Grouped (per-query) operations on flat arrays
-
-
-def group_rank(group: np.ndarray, score: np.ndarray, tiebreak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Order flat items by (group, -score, tiebreak); return (order, rank of each ordered item in its group)."""
-    order = np.lexsort((tiebreak, -score, group))
-    g = group[order]
-    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1] if len(g) else np.zeros(0, dtype=np.int64)
-    first = np.repeat(starts, np.diff(np.r_[starts, len(g)]))
-    return order, np.arange(len(g)) - first
 
 
 def group_topk(group: np.ndarray, score: np.ndarray, tiebreak: np.ndarray, k) -> np.ndarray:
@@ -191,7 +179,11 @@ def csr_expand(graph, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarr
     owner = np.repeat(np.arange(len(nodes)), degree)
     offset = np.arange(int(degree.sum())) - np.repeat(np.cumsum(degree) - degree, degree)
     positions = start[owner] + offset
-    return owner, np.asarray(graph.neighbors[positions], dtype=np.int64), np.asarray(graph.edge_relations[positions], dtype=np.int64)
+    return (
+        owner,
+        np.asarray(graph.neighbors[positions], dtype=np.int64),
+        np.asarray(graph.edge_relations[positions], dtype=np.int64),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -222,9 +214,7 @@ class EgoGraphs:
         return len(self.offsets) - 1
 
 
-def ego_graphs(
-    inputs: BaselineInputs, seeds: np.ndarray, hops: int, neighbor_cap: int, max_nodes: int
-) -> EgoGraphs:
+def ego_graphs(inputs: BaselineInputs, seeds: np.ndarray, hops: int, neighbor_cap: int, max_nodes: int) -> EgoGraphs:
     """K-hop ego graphs around each query's seeds (``seeds`` [Q,k], -1 padded), bounded per query.
 
     Each hop follows at most ``neighbor_cap`` CSR entries per frontier node (both directions) and

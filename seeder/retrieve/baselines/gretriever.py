@@ -94,7 +94,11 @@ def edge_prizes(edge_query: np.ndarray, similarity: np.ndarray, topk: int) -> np
 
 
 def pcst_inputs(
-    num_nodes: int, heads: np.ndarray, tails: np.ndarray, node_prize: np.ndarray, edge_prize: np.ndarray,
+    num_nodes: int,
+    heads: np.ndarray,
+    tails: np.ndarray,
+    node_prize: np.ndarray,
+    edge_prize: np.ndarray,
     edge_cost: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """G-Retriever's PCST instance: (edges [E', 2], vertex prizes, edge costs, cheap edge ids, rich edge ids).
@@ -119,8 +123,14 @@ def pcst_inputs(
 
 
 def solve_pcst(
-    num_nodes: int, heads: np.ndarray, tails: np.ndarray, node_prize: np.ndarray, edge_prize: np.ndarray,
-    edge_cost: float, num_clusters: int, pruning: str,
+    num_nodes: int,
+    heads: np.ndarray,
+    tails: np.ndarray,
+    node_prize: np.ndarray,
+    edge_prize: np.ndarray,
+    edge_cost: float,
+    num_clusters: int,
+    pruning: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """G-Retriever's PCST for one graph: (selected local nodes, selected local edges), both sorted.
 
@@ -152,8 +162,14 @@ def retrieve(inputs: BaselineInputs, cfg: BaselinesConfig, length: int) -> Retri
             lo, hi = ego.offsets[qi], ego.offsets[qi + 1]
             elo, ehi = edge_offsets[qi], edge_offsets[qi + 1]
             local, _ = solve_pcst(
-                int(hi - lo), ego.edge_head[elo:ehi] - lo, ego.edge_tail[elo:ehi] - lo, n_prize[lo:hi],
-                e_prize[elo:ehi], cfg.gretriever.edge_cost, cfg.gretriever.num_clusters, cfg.gretriever.pruning,
+                int(hi - lo),
+                ego.edge_head[elo:ehi] - lo,
+                ego.edge_tail[elo:ehi] - lo,
+                n_prize[lo:hi],
+                e_prize[elo:ehi],
+                cfg.gretriever.edge_cost,
+                cfg.gretriever.num_clusters,
+                cfg.gretriever.pruning,
             )
             selected.append(local + lo)
         flat = np.concatenate(selected) if selected else np.zeros(0, dtype=np.int64)

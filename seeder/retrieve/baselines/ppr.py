@@ -36,8 +36,13 @@ def restart_weights(ego: EgoGraphs, seeds: np.ndarray, seed_scores: np.ndarray) 
 
 
 def personalized_pagerank(
-    num_nodes: int, group: np.ndarray, src: np.ndarray, dst: np.ndarray, restart: np.ndarray,
-    restart_prob: float, iterations: int,
+    num_nodes: int,
+    group: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    restart: np.ndarray,
+    restart_prob: float,
+    iterations: int,
 ) -> np.ndarray:
     """Power iteration of PPR on a disjoint union of graphs (``group`` [num_nodes] names each node's graph).
 

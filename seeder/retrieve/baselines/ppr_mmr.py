@@ -15,9 +15,7 @@ from seeder.retrieve.baselines.common import BaselineInputs, full_ranking, in_ba
 from seeder.retrieve.baselines.ppr import ppr_relevance
 
 
-def mmr_select(
-    relevance: np.ndarray, embeddings: np.ndarray, valid: np.ndarray, select: int, lam: float
-) -> np.ndarray:
+def mmr_select(relevance: np.ndarray, embeddings: np.ndarray, valid: np.ndarray, select: int, lam: float) -> np.ndarray:
     """Greedy MMR for a batch of pools: relevance [Q, P], embeddings [Q, P, d], valid [Q, P].
 
     Returns [Q, select] pool positions in the order chosen (-1 once a pool is exhausted). Ties go

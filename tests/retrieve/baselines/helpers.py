@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from seeder.config import BaselinesConfig, from_dict
-
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 
 
@@ -40,8 +39,13 @@ def random_inputs(seed: int = 0, n: int = 300, r: int = 4, e: int = 1200, d: int
     node_texts = [" ".join(rng.choice(words, 3)) + f" n{i}" for i in range(n)] if texts else None
     query_texts = [" ".join(rng.choice(words, 2)) for _ in range(q)] if texts else None
     return BaselineInputs(
-        graph, normalised(rng, n, d), normalised(rng, 2 * r, d), np.arange(q, dtype=np.int64) * 7 + 1,
-        normalised(rng, q, d), query_texts, node_texts,
+        graph,
+        normalised(rng, n, d),
+        normalised(rng, 2 * r, d),
+        np.arange(q, dtype=np.int64) * 7 + 1,
+        normalised(rng, q, d),
+        query_texts,
+        node_texts,
     )
 
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from seeder.config import ConfigError, SeederConfig
+from seeder.data.store import KnowledgeGraph
 from seeder.retrieve.baselines import METHODS, run_baseline
-from seeder.store import KnowledgeGraph
 from tests.retrieve.baselines.helpers import baselines_config
 
 from .helpers import random_inputs
@@ -89,6 +88,7 @@ def test_registry_builds_every_baseline(inputs):
         retriever = registry.build(name, artifacts, config)
         result = retriever.retrieve(subgraphs, inputs.query_features[::-1])
         assert result.query_ids.tolist() == subgraphs.query_ids.tolist()
-        direct = run_baseline(name, inputs.batch(np.arange(len(inputs.query_ids))[::-1]), config.baselines,
-                              result.ranking.shape[1])
+        direct = run_baseline(
+            name, inputs.batch(np.arange(len(inputs.query_ids))[::-1]), config.baselines, result.ranking.shape[1]
+        )
         np.testing.assert_array_equal(result.ranking, direct.ranking)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-
 from seeder.retrieve.baselines import astar, beam
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 from tests.retrieve.baselines.helpers import baselines_config
@@ -64,12 +63,16 @@ def test_astar_expands_along_the_best_path():
 
 def test_astar_budget_and_depth_bound_the_search():
     inputs = _inputs()
-    short = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=3, astar__depth=2, astar__discount=1.0, **CFG))
+    short = astar.astar_search(
+        inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=3, astar__depth=2, astar__discount=1.0, **CFG)
+    )
     assert short.nodes.tolist() == [S, A, C]
     # Left on the queue: B (priority 0.8 + 0.5) and D (0.5 + 0.2), best first.
     assert short.frontier.tolist() == [B, D]
     np.testing.assert_allclose(short.frontier_priority, [1.3, 0.7])
-    shallow = astar.astar_search(inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=10, astar__depth=1, astar__discount=1.0, **CFG))
+    shallow = astar.astar_search(
+        inputs, 0, np.array([S]), np.array([0.3]), baselines_config(astar__budget=10, astar__depth=1, astar__discount=1.0, **CFG)
+    )
     assert T not in shallow.nodes.tolist() and set(shallow.nodes.tolist()) == {S, A, B, D}
 
 

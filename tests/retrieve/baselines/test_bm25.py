@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-
+from seeder.data.store import open_dataset, write_dataset
+from seeder.retrieve import lexical
 from seeder.retrieve.baselines import bm25
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
-from seeder.store import open_dataset, write_dataset
+from seeder.retrieve.seeds import dense_seeds
 from tests.retrieve.baselines.helpers import baselines_config
 
 CORPUS = [
@@ -48,7 +49,7 @@ def _lucene_bm25(query: str, docs: list[str], k1: float = 1.5, b: float = 0.75) 
 
 @pytest.mark.parametrize("query", ["paris france", "capital germany", "the rhine border", "village paris film"])
 def test_bm25_scores_and_order_match_the_formula(query):
-    index = bm25.BM25Index.build(CORPUS, stopwords="")
+    index = lexical.BM25Index.build(CORPUS, stopwords="")
     ids, scores = index.topk([query], len(CORPUS))
     want = _lucene_bm25(query, CORPUS)
     expected_order = sorted((i for i in range(len(CORPUS)) if want[i] > 0), key=lambda i: (-want[i], i))
@@ -59,7 +60,7 @@ def test_bm25_scores_and_order_match_the_formula(query):
 
 def test_reciprocal_rank_fusion_by_hand():
     a, b, c, d = 10, 11, 12, 13
-    ids, scores = bm25.reciprocal_rank_fusion([np.array([[a, b, c]]), np.array([[c, a, d]])], 60)
+    ids, scores = lexical.reciprocal_rank_fusion([np.array([[a, b, c]]), np.array([[c, a, d]])], 60)
     # a: 1/61 + 1/62, c: 1/63 + 1/61, b: 1/62, d: 1/63.
     assert ids.tolist() == [[a, c, b, d]]
     np.testing.assert_allclose(scores[0], [1 / 61 + 1 / 62, 1 / 63 + 1 / 61, 1 / 62, 1 / 63])
@@ -91,8 +92,11 @@ def test_bm25_and_hybrid_retrievers_give_full_rankings():
     for row in hybrid.ranking.tolist():
         assert sorted(row) == list(range(5))
     with pytest.raises(Exception, match="query texts"):
-        bm25.retrieve_bm25(BaselineInputs(inputs.graph, inputs.node_features, inputs.relation_features,
-                                          inputs.query_ids, inputs.query_features), cfg, 5)
+        bm25.retrieve_bm25(
+            BaselineInputs(inputs.graph, inputs.node_features, inputs.relation_features, inputs.query_ids, inputs.query_features),
+            cfg,
+            5,
+        )
 
 
 def test_seeding_functions_read_the_dataset(tmp_path):
@@ -102,13 +106,13 @@ def test_seeding_functions_read_the_dataset(tmp_path):
     edges = pa.table({"src": np.array([0]), "dst": np.array([1]), "relation": np.array([0], np.int32)})
     queries = pa.table({"id": [0], "text": ["q"], "answers": [[0]], "split": ["val"]})
     kg = open_dataset(write_dataset(tmp_path / "kg", nodes, relations, edges, queries))
-    ids, scores = bm25.bm25_seeds(kg, ["paris france", "nothing shared"], 2, baselines_config(bm25__stopwords=""))
+    ids, scores = lexical.bm25_seeds(kg, ["paris france", "nothing shared"], 2, baselines_config(bm25__stopwords=""))
     want = _lucene_bm25("paris france", CORPUS)
     assert ids[0].tolist() == sorted(range(n), key=lambda i: (-want[i], i))[:2]
     assert ids[1].tolist() == [-1, -1]
     assert np.isneginf(scores[1]).all()  # padded like dense_seeds
     np.testing.assert_allclose(scores[0], sorted((w for w in want if w > 0), reverse=True)[:2], rtol=1e-5)
     feats = np.eye(n, dtype=np.float32)
-    hids, _ = bm25.hybrid_seeds(kg, ["paris france", "nothing shared"], feats[[4, 3]], feats, 2)
+    hids, _ = lexical.hybrid_seeds(kg, ["paris france", "nothing shared"], dense_seeds(feats[[4, 3]], feats, n)[0], 2)
     assert hids.shape == (2, 2)
     assert hids[1, 0] == 3  # only the dense list votes for the second query

@@ -11,6 +11,7 @@ from seeder.retrieve.baselines.common import (
     full_ranking,
     group_topk,
 )
+
 from .helpers import random_inputs
 
 
@@ -41,7 +42,10 @@ def test_ego_graphs_without_caps_are_the_khop_neighbourhood_and_its_induced_edge
         assert set(nodes.tolist()) == expected
         assert np.all(np.diff(nodes) > 0)
         in_q = ego.edge_query == qi
-        got = {(int(ego.node[h]), int(t_r), int(ego.node[t])) for h, t_r, t in zip(ego.edge_head[in_q], ego.edge_relation[in_q], ego.edge_tail[in_q])}
+        got = {
+            (int(ego.node[h]), int(t_r), int(ego.node[t]))
+            for h, t_r, t in zip(ego.edge_head[in_q], ego.edge_relation[in_q], ego.edge_tail[in_q])
+        }
         out = np.asarray(g.edge_relations) < r
         heads = np.repeat(np.arange(g.num_nodes), np.diff(g.indptr))
         want = {

@@ -8,10 +8,10 @@ import networkx as nx
 import numpy as np
 import pytest
 
-
 from seeder.retrieve.baselines import gretriever
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
 from tests.retrieve.baselines.helpers import baselines_config
+
 from .helpers import with_cosines
 
 
@@ -28,9 +28,14 @@ def test_node_prizes_rank_the_top_nodes():
     from seeder.retrieve.baselines.common import EgoGraphs
 
     ego = EgoGraphs(
-        query=np.array([0, 0, 0, 0, 1, 1]), node=np.array([1, 2, 3, 4, 1, 5]), hop=np.zeros(6, np.int64),
-        sim=np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.2]), offsets=np.array([0, 4, 6]),
-        edge_head=np.zeros(0, np.int64), edge_tail=np.zeros(0, np.int64), edge_relation=np.zeros(0, np.int64),
+        query=np.array([0, 0, 0, 0, 1, 1]),
+        node=np.array([1, 2, 3, 4, 1, 5]),
+        hop=np.zeros(6, np.int64),
+        sim=np.array([0.1, 0.9, 0.5, 0.7, 0.3, 0.2]),
+        offsets=np.array([0, 4, 6]),
+        edge_head=np.zeros(0, np.int64),
+        edge_tail=np.zeros(0, np.int64),
+        edge_relation=np.zeros(0, np.int64),
         edge_query=np.zeros(0, np.int64),
     )
     assert gretriever.node_prizes(ego, 3).tolist() == [0, 3, 1, 2, 3, 2]
@@ -80,9 +85,7 @@ def test_pcst_finds_the_optimum_on_hand_made_trees(heads, tails, node_prize, edg
     heads, tails = np.array(heads), np.array(tails)
     node_prize, edge_prize = np.array(node_prize, float), np.array(edge_prize, float)
     edges, prizes, costs, vertices, chosen = _solve(4, heads, tails, node_prize, edge_prize)
-    assert _tree_value(edges, prizes, costs, vertices, chosen) == pytest.approx(
-        _brute_force(len(prizes), edges, prizes, costs)
-    )
+    assert _tree_value(edges, prizes, costs, vertices, chosen) == pytest.approx(_brute_force(len(prizes), edges, prizes, costs))
     nodes, _ = gretriever.solve_pcst(4, heads, tails, node_prize, edge_prize, 0.5, 1, "gw")
     assert set(nodes.tolist()) == expected_nodes
 

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-
-from seeder.retrieve.baselines import METHODS, BaselineInputs, bm25_seeds, run_baseline
+from seeder.retrieve.baselines import METHODS, BaselineInputs, run_baseline
 from seeder.retrieve.baselines.common import dense_topk
+from seeder.retrieve.lexical import bm25_seeds
 from tests.retrieve.baselines.helpers import baselines_config
 
 pytestmark = pytest.mark.slow
@@ -34,9 +34,9 @@ def metaqa(tmp_path_factory):
     root = shared_data() / "metaqa"
     if not (root / "kb.txt").is_file():
         pytest.skip(f"real MetaQA files not found at {root} (set SEEDER_SHARED_DATA to the shared data folder)")
-    from seeder.embed import HashEncoder
-    from seeder.importers.metaqa import import_metaqa
-    from seeder.store import open_dataset
+    from seeder.data.importers.metaqa import import_metaqa
+    from seeder.data.store import open_dataset
+    from seeder.features.embed import HashEncoder
 
     out = tmp_path_factory.mktemp("metaqa") / "ds"
     import_metaqa(root, out)

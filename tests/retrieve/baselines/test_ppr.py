@@ -8,6 +8,7 @@ import numpy as np
 from seeder.config import BaselinesConfig
 from seeder.retrieve.baselines import ppr
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
+
 from .helpers import with_cosines
 
 

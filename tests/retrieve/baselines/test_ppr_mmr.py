@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from seeder.retrieve.baselines import ppr_mmr
 from tests.retrieve.baselines.helpers import baselines_config
 
@@ -26,9 +25,11 @@ def _mmr_loop(relevance, embeddings, valid, select, lam):
     chosen = []
     candidates = [i for i in range(len(relevance)) if valid[i]]
     while candidates and len(chosen) < select:
+
         def score(i):
             redundancy = max((float(embeddings[i] @ embeddings[j]) for j in chosen), default=0.0)
             return lam * relevance[i] - (1 - lam) * redundancy
+
         best = max(candidates, key=lambda i: (score(i), -i))
         chosen.append(best)
         candidates.remove(best)
@@ -52,8 +53,8 @@ def test_ppr_mmr_ranks_the_selection_first():
     cfg = baselines_config(mmr__select=8, mmr__pool=40)
     result = ppr_mmr.retrieve(inputs, cfg, 50)
     assert result.set_size.tolist() == [8] * len(inputs.query_ids)
-    from seeder.retrieve.baselines.ppr import ppr_relevance
     from seeder.retrieve.baselines.common import rank_candidates
+    from seeder.retrieve.baselines.ppr import ppr_relevance
 
     ego, relevance = ppr_relevance(inputs, cfg)
     ranked, _ = rank_candidates(ego.num_queries, ego.query, ego.node, relevance)

@@ -1,0 +1,93 @@
+"""``seeder import stark|metaqa|triples``: build a dataset directory from a source's files."""
+
+from __future__ import annotations
+
+import argparse
+
+from seeder.data.importers.metaqa import import_metaqa
+from seeder.data.importers.stark import import_stark
+from seeder.data.importers.triples import import_triples
+
+
+def _metaqa(args: argparse.Namespace) -> int:
+    import_metaqa(
+        args.root,
+        args.out,
+        val_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        overwrite=args.overwrite,
+    )
+    return 0
+
+
+def _stark(args: argparse.Namespace) -> int:
+    import_stark(args.kb, args.qa, args.out, overwrite=args.overwrite)
+    return 0
+
+
+def _triples(args: argparse.Namespace) -> int:
+    import_triples(
+        args.triples,
+        args.out,
+        nodes_path=args.nodes,
+        queries_path=args.queries,
+        head_col=args.head_col,
+        relation_col=args.relation_col,
+        tail_col=args.tail_col,
+        no_header=args.no_header,
+        val_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        overwrite=args.overwrite,
+    )
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("import", help="import a knowledge graph and its queries into a dataset directory")
+    sources = parser.add_subparsers(dest="source", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", required=True, help="dataset directory to create")
+        p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+
+    metaqa = sources.add_parser("metaqa", help="MetaQA: kb.txt and {1,2,3}-hop/qa_{dev,test}.txt")
+    metaqa.add_argument("--root", required=True, help="MetaQA folder holding kb.txt and 1-hop/, 2-hop/, 3-hop/")
+    metaqa.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="share of dev questions put in val by a stable hash of the question (default 0.1)",
+    )
+    metaqa.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.1,
+        help="share of dev questions put in test where a hop has no qa_test.txt (default 0.1)",
+    )
+    common(metaqa)
+    metaqa.set_defaults(func=_metaqa)
+
+    stark = sources.add_parser(
+        "stark",
+        help="STaRK: processed/ knowledge base plus stark_qa/ and split/",
+        description="Import a STaRK knowledge base. WARNING: node_info.pkl, node_type_dict.pkl and "
+        "edge_type_dict.pkl are Python pickles, and loading a pickle can run arbitrary code: import only "
+        "files from a source you trust (STaRK's own release).",
+    )
+    stark.add_argument("--kb", required=True, help="STaRK processed/ folder (pickles: trusted sources only)")
+    stark.add_argument("--qa", required=True, help="folder holding stark_qa/stark_qa.csv and split/*.index")
+    common(stark)
+    stark.set_defaults(func=_stark)
+
+    triples = sources.add_parser("triples", help="generic head/relation/tail triples (TSV, CSV or Parquet)")
+    triples.add_argument("--triples", required=True, help="triples file (.tsv, .csv or .parquet)")
+    triples.add_argument("--nodes", help="optional node file: id (or name), text[, type][, name]")
+    triples.add_argument("--queries", help="optional queries file: text, answers (ids separated by |)[, split][, id]")
+    triples.add_argument("--head-col", default="head", help="head column name (default head)")
+    triples.add_argument("--relation-col", default="relation", help="relation column name (default relation)")
+    triples.add_argument("--tail-col", default="tail", help="tail column name (default tail)")
+    triples.add_argument("--no-header", action="store_true", help="the triples file has no header line")
+    triples.add_argument("--val-fraction", type=float, default=0.1, help="val share of the hash split (default 0.1)")
+    triples.add_argument("--test-fraction", type=float, default=0.1, help="test share of the hash split (default 0.1)")
+    common(triples)
+    triples.set_defaults(func=_triples)

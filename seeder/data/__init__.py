@@ -1,0 +1,1 @@
+"""Knowledge graphs on disk: the store, per-query subgraphs and the importers."""

@@ -1,0 +1,1 @@
+"""Measurement: ``seeder evaluate``, ``seeder benchmark`` and the trained model as a method."""

@@ -1,0 +1,1 @@
+"""Text to vectors: the encoders (MiniLM and other BERTs) and the PCA reduction."""

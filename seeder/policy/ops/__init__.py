@@ -1,0 +1,1 @@
+"""The policy layer's operations, as torch ops and as compiled CPU kernels."""

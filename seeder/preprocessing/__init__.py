@@ -1,0 +1,1 @@
+"""Preprocessing without Ray: the stages, the artifacts they write and the derived defaults."""

@@ -1,0 +1,525 @@
+"""A trained SeedER model as a retriever: load once, answer batches of new questions.
+
+    from seeder import Retriever
+    r = Retriever.load("models:/seeder-metaqa@champion")   # or runs:/ID/model, or RUN/model
+    hits = r.retrieve(["what languages are the films directed by Joel Zwick in"], k=20)
+    hits[0].nodes        # ranked ids, names, types, scores, the expansion step of each
+    hits[0].triples      # edges among the retrieved nodes: (head, relation, tail) names
+    hits[0].to_prompt()  # plain text for an LLM prompt
+
+The model records the artifacts it was trained on (``seeder_model.json``), so the model alone is
+enough. A new question goes through the same steps preprocessing took for the dataset's questions:
+the artifacts' encoder and PCA, ``seeder.retrieve.seeds.seed_queries`` (entity linking with its name
+index built once), K-HOP-WITH-FILTERING online (with the relation-path prior when the artifacts use
+it), then greedy expansion and ranking (``seeder.policy.inference.retrieve``), all questions of a call in
+batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder evaluate`` ranks them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seeder.config import SeederConfig
+from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+from seeder.retrieve.base import RetrievalResult
+from seeder.system.io import DataError
+from seeder.system.threads import intra_op_threads
+
+ONE_THREAD_UP_TO = 8
+"""Calls with at most this many questions run torch on one intra-op thread: their tensors are small
+(one question: a 10-token MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool
+costs more than it saves (a MetaQA question ranked in 9 ms on one thread, 20 ms on two, on 2 cores).
+numpy's BLAS gets one thread too: its worker threads busy-wait after each product and take a core the
+caller's other work (in a service, Ray Serve's proxy) needs. Calls of more questions keep every thread,
+or are cut into parts of one thread each (``PART_QUESTIONS``). Measurements: benchmarks/RESULTS.md,
+"Threads and parts of a Retriever call"."""
+
+
+PART_QUESTIONS = 32
+"""On the CPU a call is answered in parts of at least this many questions, side by side, one thread
+each (``Retriever._parts``), up to one part per torch thread: K-HOP-WITH-FILTERING is numpy on one core
+whatever the thread settings, and the networks lose less to the GIL than to handing each small op to a
+thread pool (on 16 cores about twice the questions/s of one call on 16 intra-op threads). A part is a
+smaller batch, so a near-tie may rank the other way round, as with any other batch size."""
+
+
+ENCODER_PRECISIONS = ("artifacts", "auto", "float32", "bfloat16", "int8")
+"""How a Retriever encodes new questions on CPU: ``artifacts`` (the default) as preprocessing encoded the
+dataset's (``embed.cpu_precision``), so a preprocessed question's text ranks as ``seeder evaluate``
+ranks it; ``float32``; ``bfloat16``; ``int8`` (int8 GEMMs, see ``seeder.features.bert.int8_linear``); or
+``auto``: bfloat16 where the CPU computes it natively and the encoder runs on the plain-torch backend,
+else as the artifacts. bfloat16 encodes a question in about half float32's time, within cosine 0.9999;
+int8 is never picked by ``auto``, as it moves more rankings (cosine ~0.997). Measurements:
+benchmarks/RESULTS.md, "Threads and parts of a Retriever call"."""
+
+
+def resolve_encoder_precision(choice: str, embed) -> str:
+    """The CPU number format of ``choice`` (one of ``ENCODER_PRECISIONS``) for artifacts encoded with
+    ``embed`` (their ``EmbedConfig``)."""
+    from seeder.features import bert
+    from seeder.features.embed import runs_plain_torch
+
+    if choice == "artifacts":
+        return embed.cpu_precision
+    if choice != "auto":
+        return choice
+    return "bfloat16" if runs_plain_torch(embed) and bert.native_bfloat16() else embed.cpu_precision
+
+
+IN_MEMORY_FEATURES = 4 << 30
+"""Node features up to this size (4 GiB: 4M nodes at 256 float32 dims) are held in memory by a Retriever."""
+
+
+@dataclass
+class RetrievedNode:
+    rank: int
+    id: int
+    name: str
+    type: str
+    score: float
+    step: int  # 0 seed, t + 1 added at expansion step t, -1 outside the retrieved set
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "id": self.id, "name": self.name, "type": self.type, "score": self.score, "step": self.step}
+
+
+@dataclass
+class Hits:
+    """One question's answer: its ranked nodes and the triples among them."""
+
+    question: str
+    nodes: list[RetrievedNode]
+    triples: list[tuple[str, str, str]] = field(default_factory=list)
+    set_size: int = 0  # nodes in the policy's final set (the first ``set_size`` ranks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "set_size": self.set_size,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "triples": [list(t) for t in self.triples],
+        }
+
+    def to_prompt(self, max_triples: int = 50) -> str:
+        """The retrieved subgraph as plain text for an LLM prompt: the question, the nodes best first,
+        then the triples among them."""
+        lines = [f"Question: {self.question}", "", "Retrieved entities (best first):"]
+        lines += [f"{n.rank}. {n.name} ({n.type})" if n.type else f"{n.rank}. {n.name}" for n in self.nodes]
+        if self.triples:
+            lines += ["", "Facts among them (head | relation | tail):"]
+            lines += [f"{h} | {r} | {t}" for h, r, t in self.triples[:max_triples]]
+        return "\n".join(lines)
+
+
+class Retriever:
+    """A loaded model, its artifacts and everything a question needs, built once."""
+
+    def __init__(
+        self,
+        model,
+        info,
+        artifacts,
+        device: str = "cpu",
+        config: SeederConfig | None = None,
+        encoder_precision: str = "artifacts",
+        compiled: bool = False,
+        zero_shot: bool = False,
+    ):
+        from seeder.policy.inference import Schedule
+
+        if encoder_precision not in ENCODER_PRECISIONS:
+            raise DataError(f"encoder_precision={encoder_precision!r}: use one of {', '.join(ENCODER_PRECISIONS)}")
+        self.info = info
+        self.artifacts = artifacts
+        self.config = config or artifacts.config  # preprocessing and eval settings of the artifacts
+        self.device = device
+        self.encoder_precision = encoder_precision
+        self.model = model.to(device)
+        if compiled:
+            from seeder.serving.compiled import compile_policy
+
+            compile_policy(self.model, release_gil=not self.on_gpu)  # on the CPU a call's parts run side by side
+        self.compiled = compiled
+        self.zero_shot = zero_shot  # a model trained on another graph (``check_compatible``)
+        model_config = info.config
+        if zero_shot and artifacts.step_budget and not self.config.eval.expansion_sizes:
+            # Carried to another graph, the policy takes the steps that graph's questions need (seeder.preprocessing.derive).
+            model_config = replace(info.config, train=replace(info.config.train, **artifacts.step_budget))
+        self.schedule = Schedule.evaluation(self.config, model_config)
+        self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
+        self.batch_size = info.config.train.eval_batch_size
+        self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
+
+    # -- loading -----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path,
+        artifacts: str | Path | None = None,
+        device: str = "cpu",
+        config: SeederConfig | None = None,
+        accept_mismatch: bool = False,
+        encoder_precision: str = "artifacts",
+        compiled: bool = False,
+    ) -> "Retriever":
+        """``model``: a model directory, ``runs:/ID/model`` or ``models:/NAME@ALIAS``. ``artifacts``
+        defaults to the ones the model was trained on; other artifacts must come from the same dataset
+        with the same features (embed and reduce), and artifacts must match the dataset they were built
+        from, or loading fails naming both fingerprints. ``accept_mismatch=True`` turns those errors
+        into warnings (a feature width that differs stays an error: the model cannot run on it).
+        ``encoder_precision`` (see ``ENCODER_PRECISIONS``) sets the number format of new questions'
+        encoding on CPU. ``compiled=True`` runs the policy and the question encoder through
+        ``torch.compile`` (``seeder.serving.compiled``: faster answers after 20-30 s of compiling on the first
+        questions; needs a C++ compiler)."""
+        from seeder.policy.checkpoint import load_model, locate
+        from seeder.preprocessing.artifacts import open_artifacts
+
+        policy, info = load_model(locate(model))
+        where = artifacts or info.artifacts.get("path")
+        if not where:
+            raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
+        opened = open_artifacts(where, accept_mismatch=accept_mismatch)
+        zero_shot = check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
+        return cls(
+            policy,
+            info,
+            opened,
+            device=device,
+            config=config,
+            encoder_precision=encoder_precision,
+            compiled=compiled,
+            zero_shot=zero_shot,
+        )
+
+    # -- the pieces a new question needs, built on first use ------------------------------------------
+
+    @cached_property
+    def encoder(self):
+        from seeder.features.embed import load_encoder
+
+        cpu_precision = resolve_encoder_precision(self.encoder_precision, self.config.embed)
+        encoder = load_encoder(replace(self.config.embed, cpu_precision=cpu_precision), device=self.device)
+        if self.compiled:
+            from seeder.serving.compiled import compile_encoder
+
+            compile_encoder(encoder, release_gil=not self.on_gpu)
+        return encoder
+
+    @property
+    def on_gpu(self) -> bool:
+        from seeder.features.embed import is_gpu
+
+        return is_gpu(self.device)
+
+    @property
+    def query_precision(self) -> str:
+        """The number format new questions are encoded in: on the CPU ``encoder_precision`` resolved; on a
+        GPU the encoder's own, float16 unless ``embed.half_precision`` is off (``encoder_precision``
+        chooses among CPU formats only)."""
+        if self.on_gpu:
+            return "float16" if self.config.embed.half_precision else "float32"
+        return resolve_encoder_precision(self.encoder_precision, self.config.embed)
+
+    @cached_property
+    def pca(self):
+        from seeder.features.embed import PCA
+
+        path = Path(self.artifacts.path) / "features" / "pca.npz"
+        return PCA.load(path) if path.is_file() else None
+
+    @cached_property
+    def linker(self):
+        from seeder.retrieve.seeds import EntityLinker
+
+        return EntityLinker(self.artifacts.dataset, self.config.seed)
+
+    @cached_property
+    def graph(self):
+        from seeder.retrieve.khop import GraphIndex
+
+        return GraphIndex.build(self.artifacts.dataset)
+
+    @cached_property
+    def prior(self):
+        if self.config.expand.relation_score != "learned":
+            return None
+        return self.artifacts.prior()
+
+    @cached_property
+    def node_features(self) -> np.ndarray:
+        """The artifacts' node features, read into memory when they fit in ``IN_MEMORY_FEATURES`` bytes:
+        a memmap pays Python-level overhead on each of the ~20 slices a question takes (0.5 ms), and a
+        service reads them all anyway. Larger ones stay memory-mapped."""
+        features = self.artifacts.node_features
+        return np.array(features) if features.nbytes <= IN_MEMORY_FEATURES else features
+
+    @cached_property
+    def node_table(self):
+        nodes = self.artifacts.dataset.nodes
+        return nodes.column("name").to_pylist(), nodes.column("type").to_pylist()
+
+    # -- questions -> subgraphs -> rankings -------------------------------------------------------------
+
+    def encode(self, questions: list[str]) -> np.ndarray:
+        """[Q, d] features of new questions: the artifacts' encoder and PCA."""
+        from seeder.features.embed import apply_pca
+
+        if not questions or any(not isinstance(q, str) or not q.strip() for q in questions):
+            raise DataError("every question must be a non-empty string")
+        return np.asarray(apply_pca(self.encoder.encode(list(questions)), self.pca), dtype=np.float32)
+
+    def subgraphs(self, questions: list[str], topics: list[int | None] | None = None) -> tuple[SubgraphSet, np.ndarray]:
+        """Embed, seed and expand new questions exactly as preprocessing did for the dataset's."""
+        from seeder.retrieve.khop import expand_queries
+        from seeder.retrieve.seeds import seed_queries
+
+        query_features = self.encode(questions)
+        given = None
+        if self.config.seed.strategy == "given":
+            given = [
+                np.array([t], np.int64) if t is not None else np.zeros(0, np.int64) for t in (topics or [None] * len(questions))
+            ]
+        seeds, scores = seed_queries(
+            self.artifacts.dataset,
+            self.config,
+            query_features,
+            self.node_features,
+            texts=list(questions),
+            linker=self.linker if self.config.seed.strategy in ("entity", "dense+entity") else None,
+            given=given,
+        )
+        n = len(questions)
+        subgraphs = expand_queries(
+            self.artifacts.dataset,
+            self.node_features,
+            self.artifacts.relation_features,
+            query_features,
+            seeds,
+            scores,
+            self.config.expand,
+            np.arange(n, dtype=np.int64),
+            np.array(["new"] * n, dtype=object),
+            np.zeros(n + 1, np.int64),
+            np.zeros(0, np.int64),
+            graph=self.graph,
+            prior=self.prior,
+            texts=list(questions),
+        )
+        return subgraphs, query_features
+
+    def rank(
+        self, subgraphs: SubgraphSet, query_features: np.ndarray, progress: str | None = None
+    ) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
+        """Rankings of bounded subgraphs: (result, step per ranked node, score per ranked node);
+        ``progress`` names a progress display over the questions."""
+        from seeder.policy.inference import QueryData, retrieve
+
+        data = QueryData(
+            self.node_features,
+            np.asarray(self.artifacts.relation_features, np.float32),
+            np.asarray(query_features, np.float32),
+            subgraphs,
+        )
+        return retrieve(self.model, data, self.schedule, self.ranking_length, self.batch_size, progress)
+
+    def rank_split(self, split: str) -> tuple[RetrievalResult, SubgraphSet]:
+        """The preprocessed questions of ``split``, ranked as ``seeder evaluate`` ranks them."""
+        subgraphs = self.artifacts.subgraphs(split)
+        rows = self.artifacts.query_rows(subgraphs.query_ids)
+        result, _, _ = self.rank(subgraphs, np.asarray(self.artifacts.query_features[rows], np.float32))
+        return result, subgraphs
+
+    def warm_up(self) -> None:
+        """Build what the first question would (the encoder, the name and graph indexes) and, for a
+        compiled retriever, compile every graph a call can need: one question and a few (on one
+        thread, ``ONE_THREAD_UP_TO``), a call of one part on every thread, and a batch longer than the
+        encoder's (on the CPU cut into parts of one thread each, ``PART_QUESTIONS``). On a GPU the
+        batches run too: the first batch there paid about 0.8 s of one-time library set-up (seen on an
+        H200)."""
+        texts = ["who directed the film", "which films did the director of that film write"]
+        self.retrieve(texts[:1], k=1)
+        if self.compiled or self.on_gpu:
+            self.retrieve(texts, k=1)
+            for size in (ONE_THREAD_UP_TO + 1, max(2 * PART_QUESTIONS, int(getattr(self.encoder, "batch_size", 0))) + 1):
+                self.retrieve((texts * size)[:size], k=1)
+
+    def retrieve(self, questions: list[str] | str, k: int | list[int] = 20, topics: list[int | None] | None = None) -> list[Hits]:
+        """The top ``k`` nodes of each question and the triples among them; ``k`` may be one value per
+        question (a service ranks the questions of several requests in one pass)."""
+        if isinstance(questions, str):
+            questions = [questions]
+        questions = list(questions)
+        ks = [k] * len(questions) if isinstance(k, int) else list(k)
+        if len(ks) != len(questions):
+            raise DataError(f"{len(ks)} values of k for {len(questions)} questions")
+        parts = self._parts(len(questions))
+        if parts > 1:
+            self._build_indexes()  # once, here: the parts would otherwise race to build them
+        # A part runs one intra-op thread, as does a call of a few questions; a call of one part keeps
+        # every thread. Graphs compile per thread count, so there are two: one and all.
+        with intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
+            if parts == 1:
+                return self._answer(questions, ks, topics)
+            bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
+            futures = [
+                self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None)
+                for lo, hi in zip(bounds[:-1], bounds[1:])
+            ]
+            return [hits for future in futures for hits in future.result()]
+
+    def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None) -> list[Hits]:
+        subgraphs, query_features = self.subgraphs(questions, topics)
+        result, steps, scores = self.rank(subgraphs, query_features)
+        return self._hits(questions, subgraphs, result, steps, scores, ks)
+
+    def _parts(self, count: int) -> int:
+        """How many parts a call of ``count`` questions is cut into on the CPU, each answered on its own
+        thread with torch and BLAS on one thread: one per ``PART_QUESTIONS`` questions, at most one per
+        torch intra-op thread of the caller. On a GPU a call is one part."""
+        import torch
+
+        if self.on_gpu:
+            return 1
+        return max(1, min(torch.get_num_threads(), count // PART_QUESTIONS))
+
+    def _pool(self, workers: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._part_workers < workers:
+            self._part_threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seeder-retrieve")
+            self._part_workers = workers
+        return self._part_threads
+
+    def _build_indexes(self) -> None:
+        """Everything a question needs that is built on first use."""
+        _ = self.encoder, self.pca, self.node_features, self.graph, self.prior, self.node_table
+        if self.config.seed.strategy in ("entity", "dense+entity"):
+            _ = self.linker
+
+    def retrieve_frame(self, questions: list[str], k: int = 20):
+        """One row per (question, rank): question, rank, node, name, score, step (pandas)."""
+        import pandas as pd
+
+        rows = [
+            {"question": h.question, "rank": n.rank, "node": n.id, "name": n.name, "score": n.score, "step": n.step}
+            for h in self.retrieve(questions, k=k)
+            for n in h.nodes
+        ]
+        return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
+
+    def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int]) -> list[Hits]:
+        names, types = self.node_table
+        relation_names = self.artifacts.dataset.relation_names
+        # The top k_i ranks of each question, as flat (question, rank) pairs.
+        valid = result.ranking >= 0
+        shown = valid & (np.cumsum(valid, axis=1) <= np.asarray(ks, dtype=np.int64)[:, None])
+        question, rank = np.nonzero(shown)
+        ids = result.ranking[question, rank]
+        triple_ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
+        triples = [
+            (str(names[h]), str(relation_names[r]), str(names[t]))
+            for h, r, t in zip(heads.tolist(), relations.tolist(), tails.tolist())
+        ]
+        node_ptr = np.searchsorted(question, np.arange(len(questions) + 1))
+        nodes = [
+            RetrievedNode(rank=r + 1, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step)
+            for r, node, score, step in zip(
+                rank.tolist(), ids.tolist(), scores[question, rank].tolist(), steps[question, rank].tolist()
+            )
+        ]
+        return [
+            Hits(
+                question=text,
+                nodes=nodes[node_ptr[i] : node_ptr[i + 1]],
+                triples=triples[triple_ptr[i] : triple_ptr[i + 1]],
+                set_size=int(result.set_size[i]),
+            )
+            for i, text in enumerate(questions)
+        ]
+
+
+def retrieved_triples(
+    subgraphs: SubgraphSet, question: np.ndarray, rank: np.ndarray, ids: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The graph's edges among each question's retrieved nodes (its subgraph's induced edges), for every
+    question at once: (ptr [Q + 1] into the triples, head ids, base relations, tail ids), each question's
+    triples in rank order of (head, tail). ``question``, ``rank`` and ``ids`` are the retrieved
+    (question, rank, node) triples, sorted by question."""
+    num_q = len(subgraphs)
+    n = int(max(subgraphs.nodes.max(initial=-1), ids.max(initial=-1))) + 1
+    keys = question * n + ids
+    by_key = np.argsort(keys, kind="stable")
+    found, pos = sorted_lookup(keys[by_key], segment_ids(subgraphs.node_ptr) * n + subgraphs.nodes)
+    rank_of = np.where(found, rank[by_key[pos]] if len(keys) else -1, -1)  # per subgraph node; -1 not retrieved
+    edge_query = segment_ids(subgraphs.edge_ptr)
+    src = subgraphs.node_ptr[edge_query] + subgraphs.edge_src
+    dst = subgraphs.node_ptr[edge_query] + subgraphs.edge_dst
+    inside = np.flatnonzero((rank_of[src] >= 0) & (rank_of[dst] >= 0))
+    order = inside[np.lexsort((rank_of[dst[inside]], rank_of[src[inside]], edge_query[inside]))]
+    ptr = np.searchsorted(edge_query[order], np.arange(num_q + 1))
+    return ptr, subgraphs.nodes[src[order]], subgraphs.edge_rel[order], subgraphs.nodes[dst[order]]
+
+
+def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False) -> bool:
+    """A model only runs on artifacts with its features: same width, and when the model recorded them,
+    the same dataset and feature-stage fingerprints (same graph, encoder and PCA). A fingerprint that
+    differs is an error naming both, or a warning with ``accept_mismatch``. The exception is a model
+    carried to another graph in the same feature space (the encoder's own, ``reduce.dim: 0`` on both):
+    it runs zero-shot, says so on stderr, and this returns True. Relations are read through their texts'
+    embeddings, so the other graph's relation ids do not matter."""
+    from seeder.policy.checkpoint import artifact_feature_space
+    from seeder.preprocessing.artifacts import FingerprintMismatch, warn_mismatch
+
+    dim = int(artifacts.node_features.shape[1])
+    if info.feature_dim != dim:
+        raise DataError(
+            f"model {model} was trained on {info.feature_dim}-dim features but {artifacts.path} has {dim}; "
+            "use artifacts built with the same embed/reduce settings"
+        )
+    record = info.artifacts or {}
+    space = record.get("feature_space")
+    here = artifacts.manifest.get("dataset_fingerprint")
+    known = record.get("dataset_fingerprints") or [record.get("dataset_fingerprint")]  # several with multi-graph training
+    if space and space == artifact_feature_space(artifacts) and here:
+        if here not in known:
+            graphs = record.get("paths") or [record.get("path", "?")]
+            print(
+                f"zero-shot: model {model} was trained on {'other graphs' if len(graphs) > 1 else 'another graph'} "
+                f"({', '.join(graphs)}); "
+                f"it ranks {artifacts.path} through the encoder's shared feature space and the relations' texts",
+                file=sys.stderr,
+            )
+            return True
+        if here != record.get("dataset_fingerprint"):
+            return False  # one of the other graphs it was trained on
+    stages = artifacts.manifest.get("fingerprints") or {}
+    differ = []
+    trained, current = record.get("dataset_fingerprint"), artifacts.manifest.get("dataset_fingerprint")
+    if trained and current and trained != current:
+        differ.append(f"dataset fingerprint {trained} != {current}")
+    trained, current = (record.get("fingerprints") or {}).get("features"), stages.get("features")
+    if trained and current and trained != current:
+        differ.append(f"features fingerprint {trained} != {current}")
+    if not differ:
+        return False
+    message = (
+        f"model {model} was trained on artifacts {record.get('path')} (fingerprint {record.get('fingerprint', '?')}), "
+        f"but {artifacts.path} has fingerprint {artifacts.fingerprint or '?'}: {', '.join(differ)} (another graph, "
+        f"encoder or PCA); use the artifacts it was trained on, retrain, build both with reduce.dim=0 and the "
+        f"same encoder to carry the model to another graph (zero-shot), or pass --accept-mismatch "
+        f"(accept_mismatch=True) to run it anyway"
+    )
+    if not accept_mismatch:
+        raise FingerprintMismatch(message)
+    warn_mismatch(message)
+    return False
+
+
+# -- the `seeder retrieve` command ----------------------------------------------------------------------

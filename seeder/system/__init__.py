@@ -1,0 +1,1 @@
+"""The machine: files and URIs, atomic writes and manifests, progress, threads and memory."""

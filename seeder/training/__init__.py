@@ -1,0 +1,1 @@
+"""Training: the one loop and the sweep trial, without Ray."""

@@ -1,0 +1,100 @@
+"""Stage work without Ray: a committed stage records its files, a rerun verifies them, a damaged stage
+goes back to a working directory that keeps its intact shards; embedding rows placed by id; and the
+seeds stage's ANN pilot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from seeder.preprocessing.stages import RowPlacer, StageDir, subgraph_shard_path, write_table_atomic
+from seeder.system.io import DataError, read_manifest
+
+
+def _committed(tmp_path, shards: int = 4) -> StageDir:
+    stage = StageDir(tmp_path, "subgraphs", "fp1")
+    work = stage.open({"query_block": 10})
+    for block in range(shards):
+        write_table_atomic(pa.table({"query_id": np.arange(block * 10, block * 10 + 10)}), subgraph_shard_path(work, block))
+    stage.commit({"seconds": 1.0, "info": {}})
+    return stage
+
+
+def test_commit_records_every_shard_and_the_layout(tmp_path):
+    stage = _committed(tmp_path)
+    manifest = read_manifest(stage.target)
+    assert sorted(manifest["files"]) == [f"part-{b:06d}.parquet" for b in range(4)]
+    assert all(entry["rows"] == 10 and entry["bytes"] > 0 for entry in manifest["files"].values())
+    assert manifest["layout"] == {"query_block": 10} and manifest["record_seconds"] >= 0
+    assert stage.reusable(echo=lambda line: None) == manifest
+
+
+def test_a_damaged_stage_is_reported_and_reopened_with_its_intact_shards(tmp_path):
+    stage = _committed(tmp_path)
+    size = read_manifest(stage.target)["files"]["part-000001.parquet"]["bytes"]
+    subgraph_shard_path(stage.target, 2).unlink()
+    with open(subgraph_shard_path(stage.target, 1), "r+b") as fh:
+        fh.truncate(50)
+    lines = []
+    assert stage.reusable(echo=lines.append) is None
+    assert lines == [
+        f"subgraphs: subgraphs/part-000001.parquet: size 50 != recorded {size} bytes",
+        "subgraphs: subgraphs/part-000002.parquet: missing",
+        "subgraphs: outputs do not match its manifest; recomputing subgraphs and the stages after it",
+    ]
+    assert not stage.target.exists()
+    # The working directory keeps the two intact shards under the stage's key, so open() reuses them.
+    assert sorted(p.name for p in stage.partial.glob("part-*")) == ["part-000000.parquet", "part-000003.parquet"]
+    assert stage.open({"query_block": 10}) == stage.partial
+    assert len(list(stage.partial.glob("part-*"))) == 2
+    assert json.loads((stage.partial / "partial.json").read_text()) == {"fingerprint": "fp1", "layout": {"query_block": 10}}
+
+
+def test_a_stage_without_file_records_is_recomputed(tmp_path):
+    from seeder.system.io import write_manifest
+
+    stage = _committed(tmp_path)
+    manifest = read_manifest(stage.target)
+    del manifest["files"]
+    write_manifest(stage.target, manifest)
+    lines = []
+    assert stage.reusable(echo=lines.append) is None
+    assert lines[0] == "subgraphs: subgraphs/manifest.json: records no files (written before seeder verified its outputs)"
+
+
+def test_the_ann_pilot_measures_recall_on_a_sample_of_the_nodes(monkeypatch):
+    """The pilot that decides whether ``seed.search: auto`` builds the full index: perfect on tight
+    clusters whose queries sit next to a node, well short of it on structureless features."""
+    from seeder.config import SeedConfig
+    from seeder.preprocessing import stages as preprocess
+
+    monkeypatch.setattr(preprocess, "ANN_PILOT_NODES", 3_000)
+    rng = np.random.default_rng(0)
+    cfg = SeedConfig(ann_nlist=30, ann_nprobe=2, ann_train_sample=3_000)
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    centres = unit(rng.standard_normal((30, 32)))
+    nodes = unit(centres[rng.integers(0, 30, 6_000)] + 0.05 * rng.standard_normal((6_000, 32)))
+    queries = unit(nodes[rng.integers(0, 6_000, 200)] + 0.01 * rng.standard_normal((200, 32)))
+    clustered = preprocess.ann_pilot(queries, nodes, cfg)
+    assert clustered["nodes"] == 3_000 and clustered["sample_queries"] == 200 and clustered["recall"] > 0.97
+
+    flat = preprocess.ann_pilot(unit(rng.standard_normal((200, 32))), unit(rng.standard_normal((6_000, 32))), cfg)
+    assert flat["recall"] < 0.6
+
+
+def test_embedding_rows_are_placed_by_id_whatever_order_the_shards_come_in():
+    placer = RowPlacer(np.arange(0, 60, 3), "embed/nodes")  # ids 0, 3, ..., 57
+    np.testing.assert_array_equal(placer.positions(np.array([30, 33, 36]), "part-2"), [10, 11, 12])
+    np.testing.assert_array_equal(placer.positions(np.array([0, 57]), "part-0"), [0, 19])
+    with pytest.raises(DataError, match="part-1: embedded ids do not match.*rerun the embed stage"):
+        placer.positions(np.array([3, 33]), "part-1")  # 33 came already
+    with pytest.raises(DataError, match="part-3: embedded ids do not match"):
+        placer.positions(np.array([4]), "part-3")  # not an id of the dataset
+    with pytest.raises(DataError, match=r"embed/nodes: 15 ids have no embedding \(first \[3, 6, 9\]\)"):
+        placer.check_complete()
