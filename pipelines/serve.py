@@ -137,7 +137,7 @@ def answer_on_the_replica(host: str, port: int) -> int:
     os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(port)
     os.environ["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(port + 1)
     # Both delays are for a load balancer in front of the replicas (HAProxy), and there is none here: a
-    # stopping replica waits 30 s for it to deregister (Ctrl-C took 33 s), and a freed port is held back
+    # stopping replica waits 30 s for it to deregister, and a freed port is held back
     # from a restarted replica for minutes.
     os.environ["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "0"
     os.environ["RAY_SERVE_PORT_QUARANTINE_S"] = "0"

@@ -191,7 +191,7 @@ class GradientAverage:
     ``delayed`` (``train.delayed_allreduce``): the step's gradients are all-reduced in the background
     and the step applies the previous step's average instead. A synchronous all-reduce makes every step
     as slow as the slower rank's, and on a shared CPU identical steps vary by about 14%, which costs
-    about 8% of the throughput with two ranks; with one step of slack a rank only waits when it falls a
+    throughput with two ranks (benchmarks/RESULTS.md); with one step of slack a rank only waits when it falls a
     whole step behind. The first step has no average yet: its gradients are cleared, and the optimiser
     skips parameters without one, so it changes nothing. A checkpoint does not keep the gradient in
     flight, so a resumed run skips one step again. ``finish()`` waits for the last all-reduce: a process

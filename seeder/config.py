@@ -81,15 +81,15 @@ class EmbedConfig(Section):
     batch_size: int = 64
     """Texts per encoder forward pass on CPU (64 was as fast as 128 there)."""
     gpu_batch_size: int = 512
-    """Texts per encoder forward pass on a GPU. On an H200, 100K texts through one Ray Data GPU actor
-    spent 1.5 s in MiniLM at 512 against 4.3 s at 64, where small passes leave the GPU waiting."""
+    """Texts per encoder forward pass on a GPU. Larger passes keep a GPU busy: on an H200 MiniLM took 2.9x
+    less time at 512 than at 64 (benchmarks/RESULTS.md)."""
     num_actors: int = 0
     """Ray Data actors for the embedding stage; 0 picks ``actors_per_gpu`` per GPU, or one per
     ``cpus_per_actor`` CPUs without GPUs."""
     actors_per_gpu: int = 4
     """Embedding actors sharing each GPU (each asks Ray for 1/actors_per_gpu of one): while one
-    tokenizes its texts and hands results back, another runs MiniLM (on an H100, 1M texts in 12.0-12.8 s
-    with 4, against 16.5-18.9 s with 1; benchmarks/RESULTS.md)."""
+    tokenizes its texts and hands results back, another runs MiniLM (on an H100, 1.4x the texts/s of one actor per GPU;
+    benchmarks/RESULTS.md)."""
     cpus_per_actor: float = 1.0
     """CPUs per CPU embedding actor; torch threads are set to match. One single-threaded MiniLM per core
     embedded 1.26x the texts/s of one process with two threads on a 2-core machine (small GEMMs scale
@@ -98,10 +98,10 @@ class EmbedConfig(Section):
     """Encode in float16 on GPU actors (ignored on CPU: see ``cpu_precision``)."""
     cpu_precision: CpuPrecision = "float32"
     """Number format of a transformer encoder on CPU (plain-torch backend only unless ``float32``).
-    ``bfloat16`` halves MiniLM's time per text on CPUs with native bfloat16 (AVX512-BF16 or AMX: 2.0x on
-    a Zen 4 core), with embeddings within cosine 0.9999 of float32; without native support it is
+    ``bfloat16`` halves MiniLM's time per text on CPUs with native bfloat16 (AVX512-BF16 or AMX), with embeddings
+    within cosine 0.9999 of float32; without native support it is
     emulated and slower. ``int8`` runs the linear layers as int8 GEMMs with per-token activation
-    scales (``seeder.features.bert.int8_linear``): 1.3-1.7x bfloat16 for one short question and for batches,
+    scales (``seeder.features.bert.int8_linear``), faster than bfloat16 (benchmarks/RESULTS.md), with
     embeddings within cosine ~0.997 of float32. Part of the embed stage's fingerprint when not
     ``float32``. A retriever may encode questions in another format than its artifacts
     (``Retriever.load(encoder_precision=...)``)."""

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from seeder.config import flatten
+from seeder.serving.retriever import Retriever
 from seeder.system.io import DataError
 from seeder.system.mlflow_store import (  # noqa: F401 (re-exported: the one place callers reach MLflow)
     LOCAL_ROOT,
@@ -42,7 +44,7 @@ MODEL_ARTIFACT = "model"  # == seeder.policy.checkpoint.MODEL_DIR
 def setup(experiment: str) -> str:
     """Point MLflow at the tracking store and return the id of ``experiment`` (created if needed)."""
     quiet_mlflow()
-    import mlflow
+    import mlflow  # MLflow is a slow import: only when this runs
 
     uri = tracking_uri()
     check_reachable(uri)
@@ -62,8 +64,8 @@ def setup(experiment: str) -> str:
 
 def register_model(run_id: str, model_name: str, alias: str | None = "champion", artifact_path: str = MODEL_ARTIFACT) -> int:
     """Register ``runs:/run_id/artifact_path`` (an MLflow Model) as a new version of ``model_name``."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    import mlflow  # MLflow is a slow import: only when this runs
+    from mlflow.exceptions import MlflowException  # MLflow is a slow import: only when this runs
 
     mlflow_client = client()
     try:
@@ -91,7 +93,7 @@ RUN_FILE = "mlflow_run.json"
 def client(uri: str | None = None):
     """An ``MlflowClient`` on ``uri`` (default: ``tracking_uri()``); no active run is needed to log."""
     quiet_mlflow()
-    from mlflow import MlflowClient
+    from mlflow import MlflowClient  # MLflow is a slow import: only when this runs
 
     uri = uri or tracking_uri()
     check_reachable(uri)
@@ -100,7 +102,7 @@ def client(uri: str | None = None):
 
 def log_params(run_id: str, params: dict[str, Any], uri: str | None = None) -> None:
     """Log flat parameters (e.g. ``seeder.config.flatten(config)``), in batches of MLflow's limit."""
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # MLflow is a slow import: only when this runs
 
     items = [Param(key, str(value)[:6000]) for key, value in params.items()]
     mlflow_client = client(uri)
@@ -111,7 +113,7 @@ def log_params(run_id: str, params: dict[str, Any], uri: str | None = None) -> N
 def log_epoch_metrics(run_id: str, metrics: dict[str, Any], step: int, uri: str | None = None) -> None:
     """Log one epoch's numeric metrics at ``step``; non-finite values are skipped (MLflow rejects NaN
     in some stores and a NaN point hides the curve)."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # MLflow is a slow import: only when this runs
 
     stamp = int(time.time() * 1000)
     batch = [
@@ -139,10 +141,10 @@ def log_report_run(experiment: str, name: str, params: dict[str, Any], metrics: 
 
 def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Path:
     """One PNG with a panel per group of ``CURVE_PANELS`` over epochs (matplotlib, Agg backend)."""
-    import matplotlib
+    import matplotlib  # plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only
 
     path = Path(path)
     epochs = [row.get("epoch", i + 1) for i, row in enumerate(history)]
@@ -167,9 +169,9 @@ def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> Non
     """Log a seeder model directory as the run's MLflow Model ``model``: the directory plus an
     ``MLmodel`` whose pyfunc flavour loads through ``seeder.tracking`` (code from the installed
     package, no pickle) with a signature: a ``question`` string column in, ranked nodes out."""
-    from mlflow.models import Model, ModelSignature
-    from mlflow.pyfunc import add_to_model
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    from mlflow.models import Model, ModelSignature  # MLflow is a slow import: only when this runs
+    from mlflow.pyfunc import add_to_model  # MLflow is a slow import: only when this runs
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema  # MLflow is a slow import: only when this runs
 
     with tempfile.TemporaryDirectory() as tmp:
         target = Path(tmp) / MODEL_ARTIFACT
@@ -199,12 +201,10 @@ class _PyfuncRetriever:
     ``question`` column (or a list of strings) and returns one row per (question, rank)."""
 
     def __init__(self, path: str):
-        from seeder.serving.retriever import Retriever
-
         self.retriever = Retriever.load(path)
 
     def predict(self, model_input, params: dict | None = None):
-        import pandas as pd
+        import pandas as pd  # pandas only for this table
 
         if isinstance(model_input, pd.DataFrame):
             if "question" not in model_input.columns:
@@ -305,8 +305,6 @@ def run_params(config) -> dict[str, Any]:
     """What a training run records: the sections that shape the model (model, train, eval) and those
     that built its artifacts (embed, reduce, seed, expand, prior); not the synthetic-graph or
     baseline settings of unrelated stages."""
-    from seeder.config import flatten
-
     keep = ("model", "train", "eval", "embed", "reduce", "seed", "expand", "prior")
     return {k: v for k, v in flatten(config).items() if k.split(".")[0] in keep}
 

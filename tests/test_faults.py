@@ -82,10 +82,10 @@ def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs,
         "import os, signal, sys, seeder.data.store as s\n"
         "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
         "s.write_manifest = die\n"
-        "from seeder.cli import main\n"
+        "from seeder.cli.main import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli")
+    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli.main")
     rng = random.Random(SEED)
     kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
     kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.3, 2.0) for _ in range(2))]

@@ -1,5 +1,2 @@
-"""The ``seeder`` command line: one module per subcommand; argument parsers live here, not in the library."""
-
-from seeder.cli.main import build_parser, main
-
-__all__ = ["build_parser", "main"]
+"""The ``seeder`` command line: one module per subcommand (``main`` builds the parser); argument parsers
+live here, not in the library."""

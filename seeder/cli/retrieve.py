@@ -6,6 +6,9 @@ import json
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from seeder.cli.arguments import add_accept_mismatch_argument, add_compile_argument, add_encoder_precision_argument, positive_int
 from seeder.serving.retriever import Hits, Retriever
 from seeder.system.io import DataError
@@ -37,9 +40,6 @@ def _write_results(hits: list[Hits], out: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     if target.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         rows = [
             {
                 "question": h.question,

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from seeder.system.io import DataError, atomic_directory, fingerprint_file, now, read_manifest, write_manifest
+from seeder.system.io import DataError, atomic_directory, fingerprint_file, fingerprint_json, now, read_manifest, write_manifest
 from seeder.system.storage import fetch
 
 SCHEMA_VERSION = 1
@@ -259,8 +259,6 @@ class KnowledgeGraph:
     @property
     def fingerprint(self) -> str:
         """One fingerprint of the whole dataset's content (for stage manifests downstream)."""
-        from seeder.system.io import fingerprint_json
-
         return fingerprint_json(self.manifest["fingerprints"])
 
     def table(self, name: str, columns: list[str] | None = None) -> pa.Table:

@@ -39,7 +39,8 @@ SUBGRAPH_SCHEMA = pa.schema(
 )
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
+def offsets_of(lengths: np.ndarray) -> np.ndarray:
+    """CSR offsets of segments of these lengths: [0, l0, l0+l1, ...]."""
     ptr = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=ptr[1:])
     return ptr
@@ -62,7 +63,7 @@ def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
 def _gather_segments(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat positions of segments ``index`` (in that order) and the new offsets."""
     lengths = np.diff(ptr)[index]
-    new_ptr = _offsets(lengths)
+    new_ptr = offsets_of(lengths)
     starts = np.repeat(ptr[:-1][index] - new_ptr[:-1], lengths)
     return starts + np.arange(new_ptr[-1]), new_ptr
 
@@ -154,7 +155,7 @@ class SubgraphSet:
             col = table.column(name).chunk(0) if table.num_rows else pa.array([], SUBGRAPH_SCHEMA.field(name).type)
             lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
             values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
-            return _offsets(lengths), values
+            return offsets_of(lengths), values
 
         node_ptr, nodes = flat("nodes")
         edge_ptr, edge_src = flat("edge_src")

@@ -39,11 +39,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, from_dict
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
+from seeder.evaluation.evaluate import resolve_methods as resolve
+from seeder.preprocessing.artifacts import open_artifacts
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
-from seeder.retrieve.metrics import evaluate, per_query_metrics, subgraph_ceiling
+from seeder.retrieve.dense import dense_ranking
+from seeder.retrieve.khop import GraphIndex, expand_queries
+from seeder.retrieve.metrics import attribute_labels, evaluate, per_query_metrics, subgraph_ceiling
 from seeder.system.io import DataError, atomic_directory
 
 TABLE_COLUMNS = [("Hit@1", "hit_at_1"), ("Hit@5", "hit_at_5"), ("MRR", "mrr"), ("Recall@20", "recall_at_20")]
@@ -80,8 +85,6 @@ def _stderr(message: str) -> None:
 def resolve_methods(specs: str | list[str] | None, model: str | None) -> list[str]:
     """``--method`` values as for ``seeder evaluate`` (default ``all``); ``all`` lists the rows in the
     paper's order (references, baselines, SeedER last), then anything registered later."""
-    from seeder.evaluation.evaluate import resolve_methods as resolve
-
     return resolve(specs, model, default=["all"], order=list(DISPLAY_NAMES))
 
 
@@ -108,10 +111,8 @@ def stratified_sample(num_queries: int, size: int, strata: np.ndarray | None, se
 
 
 def _first_groupable(attributes: dict[str, np.ndarray]) -> np.ndarray | None:
-    from seeder.retrieve.metrics import _attribute_labels
-
     for column in attributes.values():
-        labels = _attribute_labels(column)
+        labels = attribute_labels(column)
         if labels is not None:
             return labels
     return None
@@ -201,10 +202,8 @@ class BlockRanker:
         num_threads: int | None = None,
         accept_mismatch: bool = False,
     ):
-        from seeder.preprocessing.artifacts import open_artifacts
-
         if num_threads:
-            import torch
+            import torch  # torch only on this path
 
             torch.set_num_threads(num_threads)  # Ray gives actors OMP_NUM_THREADS=1
         # The driver checked the fingerprints first; a mismatch it was told to accept is accepted here too.
@@ -393,9 +392,6 @@ def budget_curves(
 ) -> dict[str, Any]:
     """Hit@any and Recall@any per budget on a seeded sample of the split: Dense's top-k, and
     K-HOP-W-FILTER re-expanded with each budget (``keep_per_hop`` scaled proportionally)."""
-    from seeder.retrieve.dense import dense_ranking
-    from seeder.retrieve.khop import GraphIndex, expand_queries
-
     inputs = load_inputs(artifacts, split, max_queries, seed)
     subgraphs, features = inputs.subgraphs, inputs.query_features
     budgets = sorted({int(b) for b in budgets if int(b) > 0})
@@ -447,10 +443,10 @@ def budget_curves(
 
 def plot_budget_curves(curves: dict[str, Any], path: str | Path) -> Path:
     """Two panels (Hit@any, Recall@any) against the budget, log x axis (matplotlib, Agg)."""
-    import matplotlib
+    import matplotlib  # plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only
 
     path = Path(path)
     budgets = curves["budgets"]
@@ -651,8 +647,6 @@ def _metric_key(*parts: str) -> str:
 def log_to_mlflow(report: dict[str, Any], out: Path, experiment: str, run_name: str | None = None) -> str:
     """One run: params (methods, split, dataset, ...), ``method.metric`` for every method and group
     (the ``all`` group without a group part), latencies, and the report files as artifacts."""
-    from seeder import tracking
-
     params = {
         "methods": ",".join(report["methods"]),
         "split": report["split"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from seeder.config import SeederConfig
 from seeder.retrieve import registry
+from seeder.serving.retriever import Retriever
 from seeder.system.io import DataError
 
 
@@ -21,8 +22,6 @@ class SubgraphRanker:
 @registry.register("seeder")
 def build_seeder(artifacts, config: SeederConfig, model: str | None = None) -> SubgraphRanker:
     """A trained model on ``artifacts``, retrieving with ``config``'s eval schedule."""
-    from seeder.serving.retriever import Retriever
-
     if not model:
         raise DataError("method 'seeder' needs a trained model: pass --model RUN/model, runs:/ID/model or models:/NAME@ALIAS")
     return SubgraphRanker(

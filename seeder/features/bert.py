@@ -1,8 +1,8 @@
 """A plain-torch BERT sentence encoder (mean pooling), for MiniLM and other sentence-transformers BERTs.
 
-sentence-transformers runs the same network, but importing it and ``transformers`` takes about 3.6 s on
-a small CPU, which every Ray Data actor and every served replica pays before its first text, and its
-``encode`` spends a few milliseconds of Python per call, which is most of a single question's encoding.
+sentence-transformers runs the same network, but importing it and ``transformers`` takes seconds, which
+every Ray Data actor and every served replica pays before its first text, and its ``encode`` spends
+Python time on every call, which is most of a single question's encoding.
 This module needs only ``torch``, ``tokenizers`` and ``safetensors`` (all already installed with
 sentence-transformers) and reads the same files: ``config.json``, ``tokenizer.json`` and
 ``model.safetensors``. Its embeddings equal sentence-transformers' to float32 rounding
@@ -13,9 +13,8 @@ the output keeps the input order.
 
 On CPU, ``cpu_precision`` trades exactness for speed: ``bfloat16`` runs the network in bfloat16 (2x
 with native support, cosine 0.9999 to float32); ``int8`` runs the four products of each layer as int8
-GEMMs (weights per output row, activations per token: ``int8_linear``): for one short question 1.7x
-bfloat16 alone, 1.3x inside a retrieval (whose other work evicts the weights from the caches), with
-embeddings within cosine ~0.997 of float32 (``tests/features/test_bert.py``).
+GEMMs (weights per output row, activations per token: ``int8_linear``), faster still
+(benchmarks/RESULTS.md), with embeddings within cosine ~0.997 of float32 (``tests/features/test_bert.py``).
 """
 
 from __future__ import annotations
@@ -132,8 +131,8 @@ class BertSentenceEncoder:
         name: str | None = None,
         cpu_precision: str = "float32",
     ):
-        from safetensors.torch import load_file
-        from tokenizers import Tokenizer
+        from safetensors.torch import load_file  # only when an encoder loads
+        from tokenizers import Tokenizer  # only when an encoder loads
 
         path = Path(path)
         config = json.loads((path / "config.json").read_text())

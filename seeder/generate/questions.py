@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from seeder.config import ConfigError, QuestionsConfig
 from seeder.data.store import open_dataset, write_dataset
+from seeder.retrieve.paths import first_of_runs, sampled_slices
 from seeder.system.io import DataError
 
 TEMPLATES = (
@@ -106,8 +107,6 @@ def follow(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every node each question's relation path reaches from its anchor: (question, node) pairs sorted by
     question then node, and a mask of the questions whose reach stayed within ``max_answers`` at every hop."""
-    from seeder.retrieve.paths import _first_of_runs, sampled_slices
-
     indptr, neighbors, relations = kg.indptr, kg.neighbors, kg.edge_relations
     num_q = len(anchors)
     within = np.ones(num_q, dtype=bool)
@@ -123,7 +122,7 @@ def follow(
         q, n = cur_q[owner[ok]], np.asarray(neighbors[pos[ok]], dtype=np.int64)
         order = np.lexsort((n, q))
         q, n = q[order], n[order]
-        first = _first_of_runs(q, n)
+        first = first_of_runs(q, n)
         q, n = q[first], n[first]
         within &= np.bincount(q, minlength=num_q) <= max_answers
         q_ok = within[q]

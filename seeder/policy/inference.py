@@ -23,8 +23,8 @@ from seeder.system.allocator import keep_freed_memory
 from seeder.system.io import DataError
 from seeder.system.progress import Progress
 
-# Node features up to this size move to a training or inference GPU whole (MetaQA's are 44 MB; a
-# 10M-node graph at d = 256 would take 10 GB, and then its rows are gathered on the host per batch).
+# Node features up to this size move to a training or inference GPU whole; larger ones (a 10M-node
+# graph at d = 256 takes 10 GB) stay on the host and each batch's rows are gathered there.
 DEVICE_FEATURES_MAX_BYTES = 4 << 30
 
 
@@ -175,7 +175,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-@torch.inference_mode()  # not no_grad: no version counters or views to track, ~1 ms of a question's 8 ms
+@torch.inference_mode()  # not no_grad: no version counters or views to track (~1 ms a question)
 def retrieve(
     model: SeedERPolicy,
     data: QueryData,

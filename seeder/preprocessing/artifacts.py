@@ -31,6 +31,7 @@ error naming both fingerprints (``accept_mismatch`` / ``--accept-mismatch`` make
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -44,6 +45,7 @@ import pyarrow.parquet as pq
 from seeder.config import SeederConfig, from_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
+from seeder.retrieve.prior import RelationPathPrior
 from seeder.system.io import DataError, fingerprint_json, read_manifest, verify_outputs
 from seeder.system.storage import fetch
 
@@ -58,8 +60,6 @@ class FingerprintMismatch(DataError):
 
 def warn_mismatch(message: str) -> None:
     """A mismatch the user accepted explicitly (``accept_mismatch`` / ``--accept-mismatch``)."""
-    import warnings
-
     warnings.warn(f"{message} (accepted: --accept-mismatch)", UserWarning, stacklevel=3)
 
 
@@ -165,8 +165,6 @@ class Artifacts:
 
     def prior(self):
         """The relation-path prior of ``expand.relation_score: learned`` (``seeder.retrieve.prior``)."""
-        from seeder.retrieve.prior import RelationPathPrior
-
         return RelationPathPrior.load(self._require("prior"))
 
     def query_texts(self, ids: np.ndarray) -> list[str]:

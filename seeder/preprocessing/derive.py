@@ -34,6 +34,10 @@ import dataclasses
 import numpy as np
 
 from seeder.config import PriorConfig, SeederConfig
+from seeder.preprocessing.stages import answer_csr
+from seeder.retrieve.paths import golden_paths
+from seeder.retrieve.prior import path_targets
+from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
 
 SAMPLE = 2_000
 MAX_HOPS = 3
@@ -94,7 +98,6 @@ def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], float]:
         keep = np.sort(np.argsort(h, kind="stable")[:SAMPLE])
         train = train.take(keep)
         ids = ids[keep]
-    from seeder.preprocessing.stages import answer_csr
 
     ptr, answers = answer_csr(train)
     generated = train.column("generated").to_numpy(zero_copy_only=False) if "generated" in train.column_names else []
@@ -103,8 +106,6 @@ def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], float]:
 
 def _best_paths(found: dict[str, np.ndarray], num_ids: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per query with a golden path: (query, code, length, F1) of its best path by F1, shorter first on ties."""
-    from seeder.retrieve.prior import path_targets
-
     good = found["hits"] > 0
     q, code, length = found["query"][good], found["code"][good], found["length"][good].astype(np.int64)
     if len(q) == 0:
@@ -120,9 +121,6 @@ def derive_defaults(
     kg, node_features: np.ndarray, query_features: np.ndarray, query_ids: np.ndarray, config: SeederConfig
 ) -> tuple[SeederConfig, list[str]]:
     """``config`` with its ``auto`` values resolved from the training split, and one line per choice."""
-    from seeder.retrieve.paths import golden_paths
-    from seeder.retrieve.seeds import EntityLinker, dense_seeds, select_seeds
-
     if not needs_derivation(config):
         return config, []
     seed_cfg, expand = config.seed, config.expand
@@ -198,8 +196,6 @@ def derive_defaults(
         if seed_cfg.strategy in ("entity", "dense+entity"):
             linked = EntityLinker(kg, seed_cfg).link(texts)
         elif seed_cfg.strategy == "given":
-            from seeder.retrieve.seeds import given_seeds
-
             linked = given_seeds(kg, ids, seed_cfg.given_attribute)
         strategy = {"given": "dense+entity", "bm25": "dense", "hybrid": "dense"}.get(seed_cfg.strategy, seed_cfg.strategy)
         seeds, _ = select_seeds(dataclasses.replace(seed_cfg, strategy=strategy), dense_ids, dense_scores, linked)

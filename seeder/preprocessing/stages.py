@@ -37,12 +37,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from seeder.config import ConfigError, SeederConfig, to_dict
+from seeder.config import ConfigError, SeederConfig, from_dict, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
-from seeder.features.embed import PCA, apply_pca, embed_key, fit_pca, pca_sample_rows
+from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, pca_sample_rows
 from seeder.preprocessing.artifacts import read_seed_table
-from seeder.retrieve.wording import WORDING_VERSION
+from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
+from seeder.retrieve.khop import GraphIndex, expand_queries
+from seeder.retrieve.metrics import group_by, subgraph_ceiling
+from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
+from seeder.retrieve.prior import RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
+from seeder.retrieve.wording import WORDING_VERSION, question_form, seed_names
 from seeder.system import storage
 from seeder.system.io import (
     DataError,
@@ -140,8 +146,6 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
 
 def check_config(config: SeederConfig) -> None:
     """Reject configs the stages cannot run, before any Ray work starts."""
-    from seeder.features.embed import check_encoder
-
     check_encoder(config.embed)
     e, r, s, x = config.embed, config.reduce, config.seed, config.expand
     if e.batch_size <= 0 or e.gpu_batch_size <= 0:
@@ -161,8 +165,6 @@ def check_config(config: SeederConfig) -> None:
     if s.k0 <= 0:
         raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
     if s.search != "exact":
-        from seeder.retrieve.ann import check_ann_config
-
         check_ann_config(s)
     if x.budget < s.k0:
         raise ConfigError(f"expand.budget={x.budget} is smaller than seed.k0={s.k0}")
@@ -618,16 +620,14 @@ def project_embedding_shard(path: str | Path, pca: PCA | None) -> tuple[np.ndarr
 ANN_PILOT_NODES = 200_000
 """``seed.search: auto`` first builds the index over a seeded sample of this many nodes and measures its
 recall there. Where even that pilot misses ``seed.ann_min_recall`` the full index is never built: on
-the 10M-node hash-encoded graph it would take 52 s and hold a copy of every node row (10 GB) only to
-measure a recall of 0.57 and fall back to exact search."""
+the 10M-node hash-encoded graph it would hold a copy of every node row (10 GB) only to measure a recall
+below the bar and fall back to exact search."""
 
 
 def ann_pilot(query_features: np.ndarray, node_features: np.ndarray, cfg) -> dict[str, Any]:
     """The index's top-k0 recall on a seeded sample of ``ANN_PILOT_NODES`` nodes, against exact search over
     the same sample (``ann.sample_recall``). A smaller graph has fewer lists, so a query scans a larger
     share of it: the pilot errs on the hopeful side, and the full index is still checked after it."""
-    from seeder.retrieve.ann import AnnIndex, sample_recall
-
     start = time.perf_counter()
     rows = np.sort(np.random.default_rng(cfg.ann_seed).choice(len(node_features), ANN_PILOT_NODES, replace=False))
     nodes = np.ascontiguousarray(node_features[rows], dtype=np.float32)
@@ -643,9 +643,6 @@ def run_seeds(
     sample of the queries (``seed.search: auto`` seeds exactly when that recall is below
     ``seed.ann_min_recall``). ``dense_blocks(query_features, search, index)``, when given, computes
     the dense seeds instead of this process (the pipeline runs them as Ray tasks, ``dense_seed_block``)."""
-    from seeder.retrieve.ann import AnnIndex, sample_recall
-    from seeder.retrieve.seeds import resolve_search, seed_queries
-
     node_features = np.load(features_dir / "node.npy", mmap_mode="r")
     query_features = np.load(features_dir / "query.npy")
     query_ids = np.load(features_dir / "query_ids.npy")
@@ -713,9 +710,6 @@ def dense_seed_block(
     """Dense seeds of one block of queries, in any process or node: the node features are memory-mapped
     from the artifacts location (``stage_input``), ``index`` is the ANN index's bytes (``search: ann``)
     or None. Returns ((ids, scores) as ``dense_seeds`` does, counts)."""
-    from seeder.config import from_dict
-    from seeder.retrieve.seeds import dense_search
-
     cfg = from_dict(SeederConfig, config).seed
     nodes = np.load(stage_input(artifacts, "features") / "node.npy", mmap_mode="r")
     return dense_search(query_features, nodes, cfg, index=index, search=search), {"queries": len(query_features)}
@@ -727,7 +721,7 @@ def dense_seed_block(
 
 PRIOR_THREADS = 2
 """Threads of the prior's fit, whatever the machine: a fixed count gives the same bits everywhere, and
-two fit MetaQA's prior in 14 s against 19 s on one."""
+two fit MetaQA's prior 1.4x faster than one."""
 
 
 def answer_csr(queries: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -747,9 +741,6 @@ def paths_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: dic
     """Golden relation paths of one block of training questions: (the block's shard, counts).
 
     ``dataset`` and ``artifacts`` are locations (see ``stage_input``); the caller writes the shard."""
-    from seeder.config import SeederConfig, from_dict
-    from seeder.retrieve.paths import GOLDEN_SCHEMA, golden_paths_batched
-
     start = time.perf_counter()
     cfg = from_dict(SeederConfig, config)
     kg = open_dataset(dataset)
@@ -776,8 +767,6 @@ def paths_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: dic
 
 
 def read_golden_paths(directory: Path) -> pa.Table:
-    from seeder.retrieve.paths import GOLDEN_SCHEMA
-
     files = sorted(Path(directory).glob("part-*.parquet"))
     if not files:
         return GOLDEN_SCHEMA.empty_table()
@@ -786,9 +775,6 @@ def read_golden_paths(directory: Path) -> pa.Table:
 
 def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
     """Fit the relation-path prior on the golden paths (training questions only) and save it."""
-    from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
-    from seeder.retrieve.wording import question_form, seed_names
-
     golden = read_golden_paths(artifacts / "paths")
     query_ids = train_query_ids(kg)
     all_ids = np.load(artifacts / "features" / "query_ids.npy")
@@ -833,9 +819,6 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
 
 def path_summary(artifacts: Path, kg: KnowledgeGraph, top: int = 10) -> list[str]:
     """The most frequent target paths of the training questions, for the run's log."""
-    from seeder.retrieve.paths import describe
-    from seeder.retrieve.prior import path_targets
-
     golden = read_golden_paths(artifacts / "paths")
     if golden.num_rows == 0:
         return []
@@ -889,8 +872,6 @@ def _dataset(dataset: str) -> KnowledgeGraph:
 @lru_cache(maxsize=1)
 def _graph_index(dataset: str):
     """One GraphIndex per worker process, reused by every block that worker expands."""
-    from seeder.retrieve.khop import GraphIndex
-
     return GraphIndex.build(_dataset(dataset))
 
 
@@ -904,7 +885,7 @@ def _features(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     """(node, relation, query features, query ids) of a features stage, memory-mapped once per worker
     process and reused by every block it expands: a block of a large graph reads node rows from all
     over ``node.npy``, and a fresh mapping per block faulted them all in again (at ten million nodes,
-    0.3 s of a 0.7 s block). A rewritten stage (a new ``node.npy``) is mapped afresh."""
+    nearly half of a block's time). A rewritten stage (a new ``node.npy``) is mapped afresh."""
     stat = os.stat(Path(directory) / "node.npy")
     return _mapped_features(str(directory), stat.st_ino, stat.st_mtime_ns)
 
@@ -922,8 +903,6 @@ def _mapped_features(directory: str, inode: int, mtime_ns: int) -> tuple[np.ndar
 
 @lru_cache(maxsize=1)
 def _prior(directory: str):
-    from seeder.retrieve.prior import RelationPathPrior
-
     return RelationPathPrior.load(Path(directory))
 
 
@@ -931,9 +910,6 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
     """Expand one block of queries: (the block's subgraph shard, counts). The graph and the features
     are opened from their locations and memory-mapped (``stage_input``), so a worker never receives
     them through Ray; the caller writes the shard."""
-    from seeder.config import SeederConfig, from_dict
-    from seeder.retrieve.khop import expand_queries
-
     start = time.perf_counter()
     cfg = from_dict(SeederConfig, config)
     kg = _dataset(dataset)
@@ -981,8 +957,6 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
 def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
     """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split, and per
     value of each query attribute that makes groups (e.g. ``hop``; see seeder.retrieve.metrics)."""
-    from seeder.retrieve.metrics import group_by, subgraph_ceiling
-
     out: dict[str, Any] = {}
     for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
         part = subgraphs if split == "all" else subgraphs.select_split(split)

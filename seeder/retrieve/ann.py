@@ -83,7 +83,7 @@ def derived_nlist(cfg: SeedConfig, num_nodes: int) -> int:
 
 
 def _faiss():
-    import faiss
+    import faiss  # optional: only for an ANN index
 
     return faiss
 

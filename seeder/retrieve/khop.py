@@ -40,12 +40,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seeder.config import AUTO, ConfigError, ExpandConfig, RelationScore, SeederConfig, choices
-from seeder.data.subgraphs import SubgraphSet, _offsets, sorted_lookup
+from seeder.data.subgraphs import SubgraphSet, offsets_of, sorted_lookup
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.dense import dense_ranking, ranking_length
 from seeder.retrieve.khop_kernels import expand_hops, induced_edges_kernel
 from seeder.retrieve.paths import sampled_slices
-from seeder.retrieve.prior import OFF_PATH_TERM
+from seeder.retrieve.prior import OFF_PATH_TERM, seed_relation_profile
 from seeder.retrieve.registry import register
+from seeder.retrieve.wording import seed_names
 from seeder.system.io import DataError
 
 RELATION_SCORES = choices(RelationScore)
@@ -254,7 +256,7 @@ def expand_batch(
         "score": score,
         "path_end": path_end,
     }
-    out["node_ptr"] = _offsets(counts)
+    out["node_ptr"] = offsets_of(counts)
     out.update(induced_edges(graph, out["nodes"], out["node_ptr"]))
     clock("induced edges")
     return out
@@ -276,7 +278,7 @@ def induced_edges(graph: GraphIndex, nodes: np.ndarray, node_ptr: np.ndarray) ->
         np.ascontiguousarray(nodes, dtype=np.int64),
         np.ascontiguousarray(node_ptr, dtype=np.int64),
     )
-    return {"edge_ptr": _offsets(counts), "edge_src": src, "edge_dst": dst, "edge_rel": rel}
+    return {"edge_ptr": offsets_of(counts), "edge_src": src, "edge_dst": dst, "edge_rel": rel}
 
 
 def expand_queries(
@@ -327,9 +329,6 @@ def expand_queries(
         hi = min(lo + step, num_q)
         terms = ends = children = None
         if expand_config.relation_score == "learned":
-            from seeder.retrieve.prior import seed_relation_profile
-            from seeder.retrieve.wording import seed_names
-
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
             profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
@@ -356,7 +355,7 @@ def expand_queries(
         return np.concatenate([c[name] for c in chunks]).astype(dtype) if chunks else np.zeros(0, dtype)
 
     def cat_ptr(name: str) -> np.ndarray:
-        return _offsets(np.concatenate([np.diff(c[name]) for c in chunks]) if chunks else np.zeros(0, np.int64))
+        return offsets_of(np.concatenate([np.diff(c[name]) for c in chunks]) if chunks else np.zeros(0, np.int64))
 
     node_ptr = cat_ptr("node_ptr")
     nodes = cat("nodes", np.int64)
@@ -422,8 +421,6 @@ class KHopRetriever:
     config: SeederConfig
 
     def retrieve(self, subgraphs: SubgraphSet, query_features: np.ndarray) -> RetrievalResult:
-        from seeder.retrieve.dense import dense_ranking, ranking_length
-
         length = ranking_length(self.config)
         width = length + int(subgraphs.sizes.max(initial=0))
         dense_ids = dense_ranking(query_features, self.node_features, width, self.config)

@@ -85,7 +85,7 @@ MAX_GROUPS_PER_ATTRIBUTE = 50
 """Attributes with more distinct values (a start node id, a free-text field) get no breakdown."""
 
 
-def _attribute_labels(column) -> np.ndarray | None:
+def attribute_labels(column) -> np.ndarray | None:
     """One string label per query, or None for attributes that do not make groups: list-valued
     ones (a relation path) and ones with more than ``MAX_GROUPS_PER_ATTRIBUTE`` values."""
     try:
@@ -117,11 +117,11 @@ def group_by(attributes: dict[str, np.ndarray] | None, by: list[str] | None = No
                 f"--by {', '.join(unknown)}: the queries have no such attribute; they have: {', '.join(attributes) or 'none'}"
             )
         return {name: attributes[name] for name in by}
-    if DEFAULT_GROUP_BY in attributes and _attribute_labels(attributes[DEFAULT_GROUP_BY]) is not None:
+    if DEFAULT_GROUP_BY in attributes and attribute_labels(attributes[DEFAULT_GROUP_BY]) is not None:
         return {DEFAULT_GROUP_BY: attributes[DEFAULT_GROUP_BY]}
     candidates = []
     for name, column in attributes.items():
-        labels = _attribute_labels(column)
+        labels = attribute_labels(column)
         if labels is None or name == "id" or name.endswith("_id"):
             continue
         count = len(np.unique(labels))
@@ -136,7 +136,7 @@ def _group_means(values: dict[str, np.ndarray], attributes: dict[str, np.ndarray
     for name, column in (attributes or {}).items():
         if len(column) != num_q:
             raise ValueError(f"attribute {name!r} has {len(column)} values for {num_q} queries")
-        labels = _attribute_labels(column)
+        labels = attribute_labels(column)
         if labels is None:
             continue
         for value in sorted(np.unique(labels).tolist(), key=lambda s: (len(s), s)):

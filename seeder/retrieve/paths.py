@@ -94,7 +94,7 @@ def sampled_slices(indptr: np.ndarray, nodes: np.ndarray, cap: int) -> tuple[np.
     return start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1), owner
 
 
-def _first_of_runs(*sorted_columns: np.ndarray) -> np.ndarray:
+def first_of_runs(*sorted_columns: np.ndarray) -> np.ndarray:
     """Mask of the first row of each run of equal rows (columns already sorted together)."""
     n = len(sorted_columns[0])
     first = np.ones(n, dtype=bool)
@@ -136,7 +136,7 @@ def golden_paths(
     node = np.asarray(seeds, dtype=np.int64)[q, col]
     order = np.lexsort((node, q))
     q, node = q[order], node[order]
-    keep = _first_of_runs(q, node)
+    keep = first_of_runs(q, node)
     q, node = q[keep].astype(np.int64), node[keep]
     code = np.full(len(q), ROOT, dtype=np.int64)
     for length in range(1, max_length + 1):
@@ -149,9 +149,9 @@ def golden_paths(
         # One row per (query, path, node); per (query, path) the path_cap smallest node ids.
         order = np.lexsort((node, code, q))
         q, code, node = q[order], code[order], node[order]
-        keep = _first_of_runs(q, code, node)
+        keep = first_of_runs(q, code, node)
         q, code, node = q[keep], code[keep], node[keep]
-        group_start = _first_of_runs(q, code)
+        group_start = first_of_runs(q, code)
         starts = np.flatnonzero(group_start)
         rank = np.arange(len(q)) - np.repeat(starts, np.diff(np.append(starts, len(q))))
         keep = rank < cfg.path_cap
@@ -159,7 +159,7 @@ def golden_paths(
         # Hits per (query, path).
         keys = q * num_nodes + node
         is_answer = sorted_lookup(answer_keys, keys)[0]
-        starts = np.flatnonzero(_first_of_runs(q, code))
+        starts = np.flatnonzero(first_of_runs(q, code))
         hits = np.add.reduceat(is_answer.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
         reached = np.diff(np.append(starts, len(q)))
         good = (hits > 0) | every_path

@@ -392,7 +392,7 @@ def _fit_prior(
 ) -> RelationPathPrior:
     """One fit of the prior on weighted target rows (see ``train_prior``), from ``start``'s weights
     when given (same vocabulary)."""
-    import torch
+    import torch  # torch only on this path
 
     if len(code) == 0:
         raise DataError(

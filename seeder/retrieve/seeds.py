@@ -354,7 +354,7 @@ def seed_queries(
     else:
         # Dense seeds only where they can enter: a query with k0 distinct linked seeds keeps those
         # (``select_seeds`` puts linked seeds first), and ``entity`` never uses dense ones. A linked
-        # MetaQA question skips a scan of every node (2 ms of its 5 ms of seeding and expansion).
+        # MetaQA question skips a scan of every node (2 ms of its seeding and expansion).
         if combine == "entity":
             need = np.zeros(len(query_features), dtype=bool)
         elif linked is None:

@@ -31,7 +31,7 @@ def resolve_screen(screen: str) -> str:
     """``seed.screen`` resolved: ``auto`` is ``bfloat16`` on a CPU with native bfloat16 products, else
     ``float32`` (emulated bfloat16 is slower than float32)."""
     if screen == "auto":
-        from seeder.features.bert import native_bfloat16
+        from seeder.features.bert import native_bfloat16  # imports torch: only on this path
 
         return "bfloat16" if native_bfloat16() else "float32"
     if screen not in SCREENS:
@@ -52,7 +52,7 @@ def _kth_largest(scores, rows: np.ndarray, k: int) -> np.ndarray:
     kind stays in its own library, whose thread pool would otherwise fight the other's)."""
     if isinstance(scores, np.ndarray):
         return -np.partition(-scores[rows], k - 1, axis=1)[:, k - 1]
-    import torch
+    import torch  # torch only on this path
 
     return torch.topk(scores[torch.from_numpy(rows)], k, dim=1).values[:, -1].float().numpy()
 
@@ -63,7 +63,7 @@ def _at_least(scores, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         live = np.flatnonzero(scores.max(axis=1) >= threshold)  # a fast reduction first
         sub_rows, cols = np.nonzero(scores[live] >= threshold[live, None])
         return live[sub_rows], cols
-    import torch
+    import torch  # torch only on this path
 
     limit = torch.from_numpy(threshold.astype(np.float32))
     live = torch.nonzero(scores.amax(dim=1) >= limit).flatten()
@@ -100,7 +100,7 @@ def dense_seeds(
         raise ConfigError("seed.block_nodes and seed.block_queries must be positive")
     screen = resolve_screen(screen)
     if screen == "bfloat16":
-        import torch
+        import torch  # torch only on this path
     query_features = np.array(query_features, dtype=np.float32, order="C")  # writeable, for torch
     num_queries, num_nodes = len(query_features), len(node_features)
     if num_nodes and query_features.shape[1] != node_features.shape[1]:

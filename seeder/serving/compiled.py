@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import torch
 
+from seeder.features.bert import BertSentenceEncoder
+
 POLICY_METHODS = ("propagate", "encode_nodes", "expansion_logits", "scores")
 """The ``SeedERPolicy`` methods that run compiled: the rollout's pure tensor functions (the rollout's
 own steps select with data-dependent shapes, which would split any graph)."""
@@ -75,10 +77,8 @@ def compile_policy(model, release_gil: bool = False):
 
     ``release_gil``: run each graph through inductor's C++ wrapper, which releases the GIL for the
     whole graph. Its default Python wrapper holds the GIL while each generated kernel runs, so two
-    threads answering the parts of one call (``Retriever._parts``) took turns: sampled while two parts
-    ran, the GIL was held 58% of the time, three quarters of that inside the compiled policy and
-    encoder (14% with the C++ wrapper), and 256 MetaQA questions in two parts ran at 385-396
-    questions/s against 411-446 with the C++ wrapper (2-core CPU). It compiles about 15% longer."""
+    threads answering the parts of one call took turns; with the C++ wrapper two parts ran 1.1x the
+    questions/s, at a slightly longer compile (benchmarks/RESULTS.md)."""
     for name in POLICY_METHODS:
         setattr(model, name, CompiledOrEager(f"SeedERPolicy.{name}", getattr(model, name), _few_rows, release_gil=release_gil))
     return model
@@ -88,8 +88,6 @@ def compile_encoder(encoder, release_gil: bool = False):
     """``encoder`` with its forward pass compiled, in place, where it is the plain-torch MiniLM
     (``seeder.features.bert.BertSentenceEncoder``); other backends are returned as they are. ``release_gil`` as
     in ``compile_policy``."""
-    from seeder.features.bert import BertSentenceEncoder
-
     if isinstance(encoder, BertSentenceEncoder):
         encoder._forward = CompiledOrEager(
             "the question encoder", encoder._forward, prepare=masked_batches, release_gil=release_gil

@@ -18,6 +18,7 @@ batched passes. Preprocessed questions (``rank_split``) rank exactly as ``seeder
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -27,14 +28,18 @@ import numpy as np
 
 from seeder.config import SeederConfig
 from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
+from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.khop import GraphIndex, expand_queries
+from seeder.retrieve.seeds import EntityLinker, seed_queries
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
 
 ONE_THREAD_UP_TO = 8
 """Calls with at most this many questions run torch on one intra-op thread: their tensors are small
 (one question: a 10-token MiniLM pass, a subgraph of ~120 nodes), and handing each op to a thread pool
-costs more than it saves (a MetaQA question ranked in 9 ms on one thread, 20 ms on two, on 2 cores).
+costs more than it saves (a MetaQA question ranked 2.2x faster on one thread than on two, on 2 cores).
 numpy's BLAS gets one thread too: its worker threads busy-wait after each product and take a core the
 caller's other work (in a service, Ray Serve's proxy) needs. Calls of more questions keep every thread,
 or are cut into parts of one thread each (``PART_QUESTIONS``). Measurements: benchmarks/RESULTS.md,
@@ -62,8 +67,7 @@ benchmarks/RESULTS.md, "Threads and parts of a Retriever call"."""
 def resolve_encoder_precision(choice: str, embed) -> str:
     """The CPU number format of ``choice`` (one of ``ENCODER_PRECISIONS``) for artifacts encoded with
     ``embed`` (their ``EmbedConfig``)."""
-    from seeder.features import bert
-    from seeder.features.embed import runs_plain_torch
+    from seeder.features import bert  # imports torch: only on this path
 
     if choice == "artifacts":
         return embed.cpu_precision
@@ -131,7 +135,7 @@ class Retriever:
         compiled: bool = False,
         zero_shot: bool = False,
     ):
-        from seeder.policy.inference import Schedule
+        from seeder.policy.inference import Schedule  # imports torch: only on this path
 
         if encoder_precision not in ENCODER_PRECISIONS:
             raise DataError(f"encoder_precision={encoder_precision!r}: use one of {', '.join(ENCODER_PRECISIONS)}")
@@ -142,7 +146,7 @@ class Retriever:
         self.encoder_precision = encoder_precision
         self.model = model.to(device)
         if compiled:
-            from seeder.serving.compiled import compile_policy
+            from seeder.serving.compiled import compile_policy  # imports torch: only on this path
 
             compile_policy(self.model, release_gil=not self.on_gpu)  # on the CPU a call's parts run side by side
         self.compiled = compiled
@@ -178,8 +182,7 @@ class Retriever:
         encoding on CPU. ``compiled=True`` runs the policy and the question encoder through
         ``torch.compile`` (``seeder.serving.compiled``: faster answers after 20-30 s of compiling on the first
         questions; needs a C++ compiler)."""
-        from seeder.policy.checkpoint import load_model, locate
-        from seeder.preprocessing.artifacts import open_artifacts
+        from seeder.policy.checkpoint import load_model, locate  # imports torch: only on this path
 
         policy, info = load_model(locate(model))
         where = artifacts or info.artifacts.get("path")
@@ -202,20 +205,16 @@ class Retriever:
 
     @cached_property
     def encoder(self):
-        from seeder.features.embed import load_encoder
-
         cpu_precision = resolve_encoder_precision(self.encoder_precision, self.config.embed)
         encoder = load_encoder(replace(self.config.embed, cpu_precision=cpu_precision), device=self.device)
         if self.compiled:
-            from seeder.serving.compiled import compile_encoder
+            from seeder.serving.compiled import compile_encoder  # imports torch: only on this path
 
             compile_encoder(encoder, release_gil=not self.on_gpu)
         return encoder
 
     @property
     def on_gpu(self) -> bool:
-        from seeder.features.embed import is_gpu
-
         return is_gpu(self.device)
 
     @property
@@ -229,21 +228,15 @@ class Retriever:
 
     @cached_property
     def pca(self):
-        from seeder.features.embed import PCA
-
         path = Path(self.artifacts.path) / "features" / "pca.npz"
         return PCA.load(path) if path.is_file() else None
 
     @cached_property
     def linker(self):
-        from seeder.retrieve.seeds import EntityLinker
-
         return EntityLinker(self.artifacts.dataset, self.config.seed)
 
     @cached_property
     def graph(self):
-        from seeder.retrieve.khop import GraphIndex
-
         return GraphIndex.build(self.artifacts.dataset)
 
     @cached_property
@@ -269,17 +262,12 @@ class Retriever:
 
     def encode(self, questions: list[str]) -> np.ndarray:
         """[Q, d] features of new questions: the artifacts' encoder and PCA."""
-        from seeder.features.embed import apply_pca
-
         if not questions or any(not isinstance(q, str) or not q.strip() for q in questions):
             raise DataError("every question must be a non-empty string")
         return np.asarray(apply_pca(self.encoder.encode(list(questions)), self.pca), dtype=np.float32)
 
     def subgraphs(self, questions: list[str], topics: list[int | None] | None = None) -> tuple[SubgraphSet, np.ndarray]:
         """Embed, seed and expand new questions exactly as preprocessing did for the dataset's."""
-        from seeder.retrieve.khop import expand_queries
-        from seeder.retrieve.seeds import seed_queries
-
         query_features = self.encode(questions)
         given = None
         if self.config.seed.strategy == "given":
@@ -319,7 +307,7 @@ class Retriever:
     ) -> tuple[RetrievalResult, np.ndarray, np.ndarray]:
         """Rankings of bounded subgraphs: (result, step per ranked node, score per ranked node);
         ``progress`` names a progress display over the questions."""
-        from seeder.policy.inference import QueryData, retrieve
+        from seeder.policy.inference import QueryData, retrieve  # imports torch: only on this path
 
         data = QueryData(
             self.node_features,
@@ -383,15 +371,13 @@ class Retriever:
         """How many parts a call of ``count`` questions is cut into on the CPU, each answered on its own
         thread with torch and BLAS on one thread: one per ``PART_QUESTIONS`` questions, at most one per
         torch intra-op thread of the caller. On a GPU a call is one part."""
-        import torch
+        import torch  # torch only on this path
 
         if self.on_gpu:
             return 1
         return max(1, min(torch.get_num_threads(), count // PART_QUESTIONS))
 
     def _pool(self, workers: int):
-        from concurrent.futures import ThreadPoolExecutor
-
         if self._part_workers < workers:
             self._part_threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seeder-retrieve")
             self._part_workers = workers
@@ -405,7 +391,7 @@ class Retriever:
 
     def retrieve_frame(self, questions: list[str], k: int = 20):
         """One row per (question, rank): question, rank, node, name, score, step (pandas)."""
-        import pandas as pd
+        import pandas as pd  # pandas only for this table
 
         rows = [
             {"question": h.question, "rank": n.rank, "node": n.id, "name": n.name, "score": n.score, "step": n.step}
@@ -474,8 +460,7 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     carried to another graph in the same feature space (the encoder's own, ``reduce.dim: 0`` on both):
     it runs zero-shot, says so on stderr, and this returns True. Relations are read through their texts'
     embeddings, so the other graph's relation ids do not matter."""
-    from seeder.policy.checkpoint import artifact_feature_space
-    from seeder.preprocessing.artifacts import FingerprintMismatch, warn_mismatch
+    from seeder.policy.checkpoint import artifact_feature_space  # imports torch: only on this path
 
     dim = int(artifacts.node_features.shape[1])
     if info.feature_dim != dim:

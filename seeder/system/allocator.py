@@ -2,10 +2,10 @@
 
 glibc serves allocations above ``M_MMAP_THRESHOLD`` with fresh ``mmap``s and hands the top of its heap
 back to the kernel once more than ``M_TRIM_THRESHOLD`` of it is free. A batched rollout allocates and
-frees hundreds of tensors of 0.1-10 MB per pass (edge messages, frontier tables), so with the defaults
+frees hundreds of tensors of up to megabytes per pass (edge messages, frontier tables), so with the defaults
 every pass faults its working memory in again, page by page. Ranking 256 MetaQA questions took
-46,000-92,000 minor page faults and 450-575 ms on this 2-core VM; with the settings below, none and
-400 ms. Single questions allocate little and are unaffected; the training step, whose tensors autograd
+tens of thousands of minor page faults; with the settings below, none, and 1.1-1.4x less time
+(benchmarks/RESULTS.md). Single questions allocate little and are unaffected; the training step, whose tensors autograd
 keeps alive across the step, measured the same either way.
 
 The cost is resident memory: the process keeps its peak heap instead of returning it. Both settings

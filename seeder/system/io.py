@@ -26,6 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import numpy as np
+import pyarrow.parquet as pq
+import xxhash
+
 MANIFEST = "manifest.json"
 # Manifest kinds of the directories this tool writes: the only non-empty ones --overwrite may replace.
 OWNED_KINDS = ("seeder-dataset", "seeder-artifacts")
@@ -50,8 +54,6 @@ CHECKSUM = "xxh3"  # the key of a file record's checksum: xxh3_64, hex (several 
 def checksum_file(path: str | Path, chunk: int = 1 << 23) -> str:
     """A fast checksum of a file's bytes (xxh3_64, hex): detects damaged or rewritten outputs. Not a
     fingerprint of content identity across tools (that is ``fingerprint_file``, sha256)."""
-    import xxhash
-
     digest = xxhash.xxh3_64()
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
@@ -74,12 +76,8 @@ def _rows(path: Path) -> int | None:
     """Rows of a Parquet file (its footer) or an ``.npy`` array (its header): cheap, no data read."""
     try:
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
             return int(pq.ParquetFile(path).metadata.num_rows)
         if path.suffix == ".npy":
-            import numpy as np
-
             with open(path, "rb") as fh:
                 version = np.lib.format.read_magic(fh)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0

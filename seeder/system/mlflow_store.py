@@ -8,8 +8,11 @@ local model path never needs it).
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from seeder.system.io import DataError
 
@@ -35,15 +38,12 @@ def check_reachable(uri: str) -> None:
     """A remote (http/https) tracking server must accept a TCP connection within ``REACH_TIMEOUT_S``:
     MLflow's own client retries an unreachable server with backoff for minutes before it fails. Its
     retries are also bounded (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless the user set them)."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https"):
         return
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
     host, port = parts.hostname or "localhost", parts.port or (443 if parts.scheme == "https" else 80)
-    import socket
 
     try:
         socket.create_connection((host, port), timeout=REACH_TIMEOUT_S).close()
@@ -82,8 +82,8 @@ def download_model(model: str) -> Path:
         )
     check_reachable(uri)
     quiet_mlflow()
-    import mlflow
-    from mlflow.exceptions import MlflowException
+    import mlflow  # MLflow is a slow import: only when this runs
+    from mlflow.exceptions import MlflowException  # MLflow is a slow import: only when this runs
 
     mlflow.set_tracking_uri(uri)
     try:
@@ -100,7 +100,5 @@ def download_model(model: str) -> Path:
 
 def quiet_mlflow() -> None:
     """No telemetry, and no "Creating initial MLflow database tables..." for every new sqlite store."""
-    import logging
-
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
+from tqdm import tqdm
+
 MODES = ("auto", "bar", "lines", "off")
 DEFAULT_EVERY_S = 30.0
 _warned: set[str] = set()
@@ -92,8 +94,6 @@ class Progress:
         self.start = self.last = time.perf_counter()
         self.bar = None
         if self.mode == "bar":
-            from tqdm import tqdm
-
             self.bar = tqdm(total=self.total, desc=desc, unit=unit, file=self.stream, leave=False, dynamic_ncols=True)
 
     def eta(self) -> float:

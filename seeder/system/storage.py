@@ -26,6 +26,7 @@ from typing import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from seeder.system.io import MANIFEST, DataError
 
@@ -172,8 +173,6 @@ def retract(uri: str) -> None:
 def read_parquet(path: str | os.PathLike):
     """One Parquet file, local or under a URI, read in place (no cache: a task that needs one shard of
     a large stage reads only that shard)."""
-    import pyarrow.parquet as pq
-
     if not is_uri(path):
         return pq.read_table(path)
     fs, file = _filesystem(str(path))

@@ -10,12 +10,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 from functools import lru_cache
 
+from threadpoolctl import ThreadpoolController
+
 
 @contextmanager
 def intra_op_threads(count: int | None):
     """Torch's intra-op threads and numpy's BLAS threads set to ``count`` inside (None: left as they
     are), and the caller's settings back afterwards."""
-    import torch
+    import torch  # torch only on this path
 
     if count is None:
         yield
@@ -35,6 +37,4 @@ def intra_op_threads(count: int | None):
 def blas_libraries():
     """threadpoolctl's handle on the BLAS libraries loaded in this process (found once: 0.8 ms; a
     limit set and undone through it costs microseconds)."""
-    from threadpoolctl import ThreadpoolController
-
     return ThreadpoolController().select(user_api="blas")

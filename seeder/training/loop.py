@@ -26,12 +26,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, to_dict, training_config
 from seeder.policy import checkpoint
 from seeder.policy.inference import QueryData, Schedule, evaluate
 from seeder.policy.losses import advantages, bpr_loss, reinforce_loss
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.rollout import QueryBatch, Rollout, recall_of_sets, score_whole_subgraph
+from seeder.preprocessing.artifacts import open_artifacts
 from seeder.system.io import DataError
 from seeder.system.progress import Progress
 
@@ -482,8 +484,6 @@ def train_run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from seeder.preprocessing.artifacts import open_artifacts
-
     parser = argparse.ArgumentParser(
         prog="python -m seeder.training.loop",
         description="Train the SeedER policy in this process (no Ray).",
@@ -509,8 +509,6 @@ def main(argv: list[str] | None = None) -> int:
         val_data = QueryData.from_artifacts(artifacts, "val")
         run = None
         if args.experiment != "none":
-            from seeder import tracking
-
             run = tracking.TrainingRun.start(
                 args.experiment,
                 out.resolve().name,

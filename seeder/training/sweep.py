@@ -234,8 +234,8 @@ def run_trial(
     ``artifacts`` (``seeder.policy.checkpoint.artifacts_record``) is recorded in the trial's models.
     A NaN or infinite loss or metric raises ``seeder.training.loop.TrainingDiverged``. Returns the best epoch's
     metrics."""
-    from seeder.policy import checkpoint
-    from seeder.training import loop as lib
+    from seeder.policy import checkpoint  # imports torch: only on this path
+    from seeder.training import loop as lib  # imports torch: only on this path
 
     if resume_dir is not None and checkpoint.is_checkpoint(resume_dir):
         state = lib.load_state(resume_dir)
@@ -268,7 +268,7 @@ def trial_params(swept: dict[str, Any]) -> dict[str, str]:
 def results_table(records: list[dict[str, Any]], space: dict[str, Dimension]):
     """One row per trial, best ``METRIC`` first: name, status, epochs, best metric, swept values, and
     the Ray node the trial ran on when the records say."""
-    import pandas as pd
+    import pandas as pd  # pandas only for this table
 
     columns = ["trial", "status", "epochs", METRIC, *space, *(["node"] if any(r.get("node") for r in records) else [])]
     frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=columns)
@@ -295,10 +295,10 @@ def _completed(frame):
 
 def plot_metric_vs_params(frame, space: dict[str, Dimension], path: Path) -> Path:
     """One panel per swept key: each trial's best ``METRIC`` against its value."""
-    import matplotlib
+    import matplotlib  # plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only
 
     done = _completed(frame)
     cols = min(3, len(space))
@@ -330,8 +330,8 @@ def plot_metric_vs_params(frame, space: dict[str, Dimension], path: Path) -> Pat
 def param_importances(frame, space: dict[str, Dimension]) -> dict[str, float]:
     """Optuna's parameter importances (fANOVA) on a study rebuilt from the completed trials; empty
     when fewer than two trials completed or their metric never varied."""
-    import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    import optuna  # Optuna only for the search
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution  # Optuna only for the search
 
     done = _completed(frame)
     if len(done) < 2 or done[METRIC].astype(float).nunique() < 2:
@@ -356,10 +356,10 @@ def param_importances(frame, space: dict[str, Dimension]) -> dict[str, float]:
 
 
 def plot_importances(importances: dict[str, float], path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plots only
 
     fig, ax = plt.subplots(figsize=(6, 0.5 * max(2, len(importances)) + 1))
     keys = list(importances)[::-1]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seeder.cli import build_parser, main
+from seeder.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 

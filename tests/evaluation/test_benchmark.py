@@ -277,7 +277,7 @@ def test_block_ranker_round_trip_in_shuffled_order(artifacts_dir):
 
 
 def test_report_directory_is_replaced_only_when_it_is_a_previous_report(tmp_path, capsys):
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     thesis = tmp_path / "thesis"
     thesis.mkdir()

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from seeder.cli import main
+from seeder.cli.main import main
 from seeder.config import SeederConfig, to_dict
 from seeder.data.store import open_dataset, write_dataset
 from seeder.retrieve.khop import expand_queries

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from seeder.cli import main
+from seeder.cli.main import main
 from seeder.config import ConfigError, field_docs
 from seeder.data.store import open_dataset
 from seeder.generate.synth import SynthConfig, load_synth_config, synthesize

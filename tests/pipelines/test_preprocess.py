@@ -587,7 +587,7 @@ def test_readers_refuse_a_missing_or_truncated_output_naming_the_file_and_the_fi
     assert f"rerun `python pipelines/preprocess.py --dataset {tiny_dataset} --out {out}`" in message
     shutil.copy(reference / "subgraphs" / shard.name, shard)
     _truncate(out / "features" / "node.npy")
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     assert main(["evaluate", "--artifacts", str(out), "--method", "dense"]) == 2  # no mmap traceback
     with pytest.raises(DataError, match=rf"{out}/features/node.npy: size 100 != recorded \d+ bytes"):
@@ -646,7 +646,7 @@ def _with_regenerated_dataset(reference: Path, tmp_path: Path) -> tuple[Path, Pa
 
 
 def test_a_dataset_regenerated_under_the_artifacts_path_is_an_error_naming_both_fingerprints(reference, tmp_path, capsys):
-    from seeder.cli import main
+    from seeder.cli.main import main
     from seeder.preprocessing.artifacts import FingerprintMismatch
 
     out, dataset, old, new = _with_regenerated_dataset(reference, tmp_path)
@@ -662,7 +662,7 @@ def test_a_dataset_regenerated_under_the_artifacts_path_is_an_error_naming_both_
 
 def test_a_model_on_artifacts_of_another_graph_is_an_error_unless_accepted(reference, tmp_path, capsys):
     from seeder import Retriever
-    from seeder.cli import main
+    from seeder.cli.main import main
     from seeder.policy.checkpoint import artifacts_record
     from seeder.preprocessing.artifacts import FingerprintMismatch
     from seeder.preprocessing.stages import stage_fingerprints

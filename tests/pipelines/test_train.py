@@ -211,7 +211,7 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     assert "training_curve.png" in {a.path for a in client.list_artifacts(run_id)}
 
     # The best model serves retrieval through the evaluation command, from the run directory and from MLflow.
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     for model in (str(out / "model"), f"runs:/{run_id}/model"):
         report = tmp_path / "eval.json"

@@ -208,7 +208,7 @@ def _artifacts_with_a_model(root):
 
 
 def _seeder(capsys, *args: str) -> str:
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     assert main(list(args)) == 0, capsys.readouterr().err
     return capsys.readouterr().out
@@ -253,7 +253,7 @@ def test_info_evaluate_and_retrieve_read_uris(tmp_path, backend, request, capsys
 
 
 def test_a_uri_without_a_dataset_is_a_one_line_error(tmp_path, capsys):
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     assert main(["info", f"file://{tmp_path}/nowhere"]) == 2
     err = capsys.readouterr().err.strip()

@@ -76,7 +76,7 @@ def _load_pickle(path: Path) -> Any:
 
 
 def _load_tensor(path: Path, dims: int) -> np.ndarray:
-    import torch
+    import torch  # torch only on this path
 
     try:
         tensor = torch.load(path, map_location="cpu", weights_only=True)

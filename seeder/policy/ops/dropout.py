@@ -1,9 +1,9 @@
 """Dropout whose mask comes from random bytes: eight per 64-bit random word.
 
 nn.Dropout draws one random number per element (``bernoulli_``), which was 28% of a MetaQA training
-step on CPU. Drawing 64-bit words with torch (``randint``) and reading them as bytes took a quarter of
-that, but a dropout still made five passes over memory (draw, compare, cast, scale, multiply) and its
-backward a sixth, some 19% of a step with the fused attention kernels. On the CPU the bytes now come
+step on CPU. Drawing 64-bit words with torch (``randint``) and reading them as bytes is cheaper, but a
+dropout still made five passes over memory (draw, compare, cast, scale, multiply) and its backward a
+sixth (benchmarks/RESULTS.md). On the CPU the bytes now come
 from a counter-based hash (SplitMix64 of a seed drawn from torch's generator plus the word's index),
 computed where the value is read: forward and backward are one pass each, and nothing of the mask is
 stored, since the backward recomputes it from the seed. On other devices, and under torch.compile,
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from seeder.config import ConfigError
+from seeder.policy.ops.kernels import apply_dropout_mask
 
 
 class _CpuByteDropout(torch.autograd.Function):
@@ -36,8 +37,6 @@ class _CpuByteDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from seeder.policy.ops.kernels import apply_dropout_mask
-
         flat = grad.contiguous().view(-1).numpy()
         out = np.empty_like(flat)
         apply_dropout_mask(flat, *ctx.mask, out)

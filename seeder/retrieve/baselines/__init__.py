@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from seeder.config import BaselinesConfig
+from seeder.config import BaselinesConfig, ConfigError
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.baselines import astar, beam, bm25, gretriever, ppr, ppr_mmr, subgraphrag
 from seeder.retrieve.baselines.common import BaselineInputs, InMemoryGraph
@@ -35,8 +35,6 @@ NEEDS_TEXT = frozenset({"bm25", "hybrid"})
 def run_baseline(name: str, inputs: BaselineInputs, cfg: BaselinesConfig | None = None, length: int = 100) -> RetrievalResult:
     """Run baseline ``name`` on ``inputs``; an unknown name is an error listing the known ones."""
     if name not in METHODS:
-        from seeder.config import ConfigError
-
         raise ConfigError(f"unknown baseline {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name](inputs, cfg or BaselinesConfig(), length)
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from seeder.data.store import build_csr
 from seeder.retrieve.base import RetrievalResult, group_rank  # noqa: F401 (the baselines import it from here)
 from seeder.retrieve.topk import dense_seeds as exact_topk
 from seeder.system.io import DataError
@@ -43,8 +44,6 @@ class InMemoryGraph:
 
     @classmethod
     def from_edges(cls, num_nodes: int, num_relations: int, src, dst, rel) -> "InMemoryGraph":
-        from seeder.data.store import build_csr
-
         src, dst, rel = (np.asarray(a, dtype=np.int64) for a in (src, dst, rel))
         indptr, neighbors, relations = build_csr(num_nodes, num_relations, src, dst, rel)
         return cls(indptr, neighbors, relations, num_nodes, num_relations)

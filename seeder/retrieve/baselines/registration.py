@@ -13,7 +13,9 @@ import numpy as np
 
 from seeder.config import SeederConfig
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.baselines import METHODS, NEEDS_TEXT
 from seeder.retrieve.baselines.common import BaselineInputs
+from seeder.retrieve.dense import ranking_length
 from seeder.retrieve.registry import register
 
 
@@ -30,9 +32,6 @@ class BaselineRetriever:
         return [texts[i] for i in dataset.query_rows(query_ids)]
 
     def retrieve(self, subgraphs, query_features: np.ndarray) -> RetrievalResult:
-        from seeder.retrieve.baselines import METHODS, NEEDS_TEXT
-        from seeder.retrieve.dense import ranking_length
-
         query_ids = np.asarray(subgraphs.query_ids, dtype=np.int64)
         kg = self.artifacts.dataset
         text = self.name in NEEDS_TEXT

@@ -226,7 +226,7 @@ def test_killed_writer_leaves_only_a_partial_directory(tmp_path):
 
 
 def test_import_overwrite_refuses_a_foreign_folder_and_a_busy_out(tmp_path, capsys):
-    from seeder.cli import main
+    from seeder.cli.main import main
     from tests.processes import lock_held_by_another_process
 
     folder = tmp_path / "project"
@@ -294,7 +294,7 @@ def test_rows_with_the_wrong_number_of_columns_name_file_line_and_row(tmp_path):
 
 
 def test_a_directory_given_as_a_file_says_so(tmp_path, capsys):
-    from seeder.cli import main
+    from seeder.cli.main import main
 
     (tmp_path / "dir.tsv").mkdir()
     assert main(["import", "triples", "--triples", str(tmp_path / "dir.tsv"), "--out", str(tmp_path / "ds")]) == 2

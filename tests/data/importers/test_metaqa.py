@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from seeder.cli import main
+from seeder.cli.main import main
 from seeder.data.importers.metaqa import import_metaqa
 from seeder.data.store import open_dataset
 from seeder.system.io import DataError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from seeder.cli import main
+from seeder.cli.main import main
 from seeder.data.importers import hash_split, stable_hash
 from seeder.data.importers.triples import import_triples
 from seeder.data.store import open_dataset
