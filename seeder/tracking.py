@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from seeder.config import flatten
-from seeder.serving.retriever import Retriever
 from seeder.system.io import DataError
 from seeder.system.mlflow_store import (  # noqa: F401 (re-exported: the one place callers reach MLflow)
     LOCAL_ROOT,
@@ -201,6 +200,8 @@ class _PyfuncRetriever:
     ``question`` column (or a list of strings) and returns one row per (question, rank)."""
 
     def __init__(self, path: str):
+        from seeder.serving.retriever import Retriever  # the retriever and its kernels load with the model only
+
         self.retriever = Retriever.load(path)
 
     def predict(self, model_input, params: dict | None = None):

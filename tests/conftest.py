@@ -107,3 +107,17 @@ def trained(tmp_path_factory):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return root, done.stdout.split("MLflow run ")[1].split(":")[0]
+
+
+E2E_FOLDERS = ("pipelines", "tune", "cluster")
+"""Test folders of the Ray entry points and the cluster: every test there is ``e2e``."""
+SERVER_FIXTURES = {"s3_uri"}
+"""Fixtures that start a server: a test that takes one, or runs with ``backend`` ``s3``, is ``e2e``."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(REPO / "tests").parts[0]
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if folder in E2E_FOLDERS or SERVER_FIXTURES & set(item.fixturenames) or params.get("backend") == "s3":
+            item.add_marker(pytest.mark.e2e)

@@ -208,6 +208,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> bool:
     return False
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["embed", "features", "seeds", "subgraphs"])
 def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(reference_pipeline, inputs, tmp_path, stage):
@@ -247,6 +248,7 @@ def test_a_kill_inside_each_preprocessing_stage_resumes_to_the_same_artifacts(re
         _restore(ref)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_kill_during_ray_training_resumes_to_the_same_model(reference_pipeline, inputs, tmp_path):
     ref, durations, snapshots = reference_pipeline
@@ -265,6 +267,7 @@ def test_a_kill_during_ray_training_resumes_to_the_same_model(reference_pipeline
         _restore(ref)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_and_finishes_every_trial(reference_pipeline, inputs, tmp_path):
     ref, _, _ = reference_pipeline

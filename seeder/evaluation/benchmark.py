@@ -47,7 +47,6 @@ from seeder.preprocessing.artifacts import open_artifacts
 from seeder.retrieve import registry
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.dense import dense_ranking
-from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.metrics import attribute_labels, evaluate, per_query_metrics, subgraph_ceiling
 from seeder.system.io import DataError, atomic_directory
 
@@ -392,6 +391,8 @@ def budget_curves(
 ) -> dict[str, Any]:
     """Hit@any and Recall@any per budget on a seeded sample of the split: Dense's top-k, and
     K-HOP-W-FILTER re-expanded with each budget (``keep_per_hop`` scaled proportionally)."""
+    from seeder.retrieve.khop import GraphIndex, expand_queries  # numba: only for the budget curves
+
     inputs = load_inputs(artifacts, split, max_queries, seed)
     subgraphs, features = inputs.subgraphs, inputs.query_features
     budgets = sorted({int(b) for b in budgets if int(b) > 0})

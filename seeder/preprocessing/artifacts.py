@@ -45,7 +45,6 @@ import pyarrow.parquet as pq
 from seeder.config import SeederConfig, from_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
-from seeder.retrieve.prior import RelationPathPrior
 from seeder.system.io import DataError, fingerprint_json, read_manifest, verify_outputs
 from seeder.system.storage import fetch
 
@@ -165,6 +164,8 @@ class Artifacts:
 
     def prior(self):
         """The relation-path prior of ``expand.relation_score: learned`` (``seeder.retrieve.prior``)."""
+        from seeder.retrieve.prior import RelationPathPrior  # pandas: only when a prior is read
+
         return RelationPathPrior.load(self._require("prior"))
 
     def query_texts(self, ids: np.ndarray) -> list[str]:

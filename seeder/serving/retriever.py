@@ -31,7 +31,6 @@ from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
-from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.seeds import EntityLinker, seed_queries
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
@@ -237,6 +236,8 @@ class Retriever:
 
     @cached_property
     def graph(self):
+        from seeder.retrieve.khop import GraphIndex  # numba: the K-hop kernels load with the first question
+
         return GraphIndex.build(self.artifacts.dataset)
 
     @cached_property
@@ -284,6 +285,8 @@ class Retriever:
             given=given,
         )
         n = len(questions)
+        from seeder.retrieve.khop import expand_queries  # numba: the K-hop kernels load with the first question
+
         subgraphs = expand_queries(
             self.artifacts.dataset,
             self.node_features,

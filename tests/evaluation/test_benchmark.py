@@ -122,6 +122,7 @@ def _number(cell: str) -> float:
     return float(cell.strip("*"))
 
 
+@pytest.mark.e2e
 def test_report_has_a_row_per_method_and_bold_maxima(cli_run):
     root, result = cli_run
     out = root / "out"
@@ -146,6 +147,7 @@ def test_report_has_a_row_per_method_and_bold_maxima(cli_run):
         assert float(row[8]) == pytest.approx(latency["p50_ms"], abs=0.06)
 
 
+@pytest.mark.e2e
 def test_per_attribute_tables(cli_run):
     root, _ = cli_run
     report = json.loads((root / "out" / "report.json").read_text())
@@ -161,6 +163,7 @@ def test_per_attribute_tables(cli_run):
     assert counts == report["queries"]
 
 
+@pytest.mark.e2e
 def test_csv_matches_markdown(cli_run):
     root, _ = cli_run
     tables = _markdown_tables((root / "out" / "table1.md").read_text())
@@ -178,6 +181,7 @@ def test_csv_matches_markdown(cli_run):
         assert (row["p50_ms"] != "") == (row["group"] == "all")
 
 
+@pytest.mark.e2e
 def test_budget_plot_and_curves(cli_run):
     root, _ = cli_run
     assert (root / "out" / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -192,6 +196,7 @@ def test_budget_plot_and_curves(cli_run):
     assert curves["dense"]["30"]["set_size"] == 30
 
 
+@pytest.mark.e2e
 def test_mlflow_run_has_metrics_and_artifacts(cli_run):
     root, _ = cli_run
     from mlflow import MlflowClient
@@ -243,6 +248,7 @@ def test_stratified_sample_keeps_proportions():
     assert np.array_equal(bm.stratified_sample(10, 20, None, 0), np.arange(10))
 
 
+@pytest.mark.e2e
 def test_in_process_blocks_equal_one_call(artifacts_dir):
     """Block size does not change a ranking (the batched path is what the report measures)."""
     art = open_artifacts(artifacts_dir)
@@ -256,6 +262,7 @@ def test_in_process_blocks_equal_one_call(artifacts_dir):
     np.testing.assert_array_equal(whole.set_size, blocks.set_size)
 
 
+@pytest.mark.e2e
 def test_block_ranker_round_trip_in_shuffled_order(artifacts_dir):
     """The Ray UDF and the reassembly, without Ray: blocks returned out of order give the same results."""
     art = open_artifacts(artifacts_dir)
@@ -276,6 +283,7 @@ def test_block_ranker_round_trip_in_shuffled_order(artifacts_dir):
         bm.results_from_blocks(blocks[1:], ["dense"], ids)
 
 
+@pytest.mark.e2e
 def test_report_directory_is_replaced_only_when_it_is_a_previous_report(tmp_path, capsys):
     from seeder.cli.main import main
 

@@ -26,6 +26,7 @@ def retriever(trained):
     return Retriever.load(trained[0] / "run" / "model")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     """Encoding, seeding and K-HOP-WITH-FILTERING online give the preprocessed subgraphs, so the
@@ -57,6 +58,7 @@ def test_new_questions_rank_exactly_as_their_preprocessed_copies(retriever):
     assert report["methods"]["seeder"]["all"]["hit_at_1"] == pytest.approx(float(mine["hit_at_1"].mean()))
 
 
+@pytest.mark.e2e
 def test_encoder_precision_is_checked_and_resolved(trained, retriever):
     """New questions are encoded as the artifacts were by default; ``auto`` picks bfloat16 only for a
     plain-torch transformer on a CPU with native bfloat16, so the hashing encoder here stays as it was."""
@@ -90,6 +92,7 @@ def test_encoder_precision_is_checked_and_resolved(trained, retriever):
         Retriever.load(trained[0] / "run" / "model", encoder_precision="half")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restored(retriever, monkeypatch):
     """Calls of up to ONE_THREAD_UP_TO questions run torch and numpy's BLAS on one thread; their
@@ -127,6 +130,7 @@ def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restor
     assert [[n.id for n in h.nodes] for h in alone] == [[n.id for n in h.nodes] for h in batched[:ONE_THREAD_UP_TO]]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_large_call_is_answered_in_parts_side_by_side_each_on_one_torch_thread(retriever, monkeypatch):
     """On the CPU a call is cut into parts of PART_QUESTIONS questions, at most one per torch thread of
@@ -226,6 +230,7 @@ def test_retrieved_triples_are_every_induced_edge_among_each_questions_top_nodes
     assert ptr[-1] == len(heads) and min(np.diff(ptr)[[1, 2, 4]]) >= 5
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     kg = retriever.artifacts.dataset
@@ -248,6 +253,7 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     assert all(f"{h} | {r} | {t}" in prompt for h, r, t in hit.triples)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
     from seeder.retrieve.seeds import dense_seeds
@@ -259,6 +265,7 @@ def test_a_question_without_a_linkable_entity_is_seeded_densely(retriever):
     assert len(retriever.retrieve([question], k=5)[0].nodes) == 5
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bad_questions_are_clear_errors(retriever):
     from seeder.system.io import DataError
@@ -267,6 +274,7 @@ def test_bad_questions_are_clear_errors(retriever):
         retriever.retrieve(["ok", "  "])
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_pyfunc_model_returns_the_apis_rankings(trained, retriever):
     import mlflow
@@ -280,6 +288,7 @@ def test_the_pyfunc_model_returns_the_apis_rankings(trained, retriever):
     pd.testing.assert_frame_equal(frame.reset_index(drop=True), expected, check_dtype=False)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_path):
     root, _ = trained
@@ -389,6 +398,7 @@ def test_every_seeding_strategy_serves_new_questions_like_preprocessing(tmp_path
     assert [len(h.nodes) for h in hits] == [3, 3]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_warm_up_compiles_every_graph_a_call_needs(trained):
     """After ``warm_up`` a compiled retriever answers calls of any size without compiling again."""

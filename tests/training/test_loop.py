@@ -212,6 +212,7 @@ def _run(args, env_extra=None, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, env=env, check=False, **kwargs)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_seeder_retrieve_returns_the_answer_of_a_trained_model(tmp_path):
     repo = Path(__file__).resolve().parents[2]

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from seeder.config import ConfigError
-from seeder.policy.ops.kernels import apply_dropout_mask
 
 
 class _CpuByteDropout(torch.autograd.Function):
@@ -37,6 +36,8 @@ class _CpuByteDropout(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        from seeder.policy.ops.kernels import apply_dropout_mask  # numba, loaded on the CPU path only
+
         flat = grad.contiguous().view(-1).numpy()
         out = np.empty_like(flat)
         apply_dropout_mask(flat, *ctx.mask, out)

@@ -29,7 +29,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from seeder.policy.ops import kernels
 from seeder.policy.ops.dropout import uses_cpu_kernels
 
 
@@ -94,6 +93,8 @@ class EdgeGroups(NamedTuple):
 
 def group_edges(src: torch.Tensor, dst: torch.Tensor, edge_type: torch.Tensor, num_nodes: int) -> EdgeGroups:
     """Group the edges by target, and the grouped edges by source (once per propagation)."""
+    from seeder.policy.ops import kernels  # numba, loaded on the CPU path only
+
     arrays = (t.long().contiguous().numpy() for t in (src, dst, edge_type))
     return EdgeGroups(*kernels.group_edges(*arrays, num_nodes))
 
@@ -116,6 +117,8 @@ class _FusedEdgeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        from seeder.policy.ops import kernels  # numba, loaded on the CPU path only
+
         (qkv, edge_key, edge_value), keep, groups, scale, alpha, threads = ctx.saved
         del ctx.saved
         d_qkv, d_logit = np.empty_like(qkv), np.empty_like(alpha)  # rows zeroed by the kernels' node passes
@@ -175,7 +178,7 @@ def edge_attention(
 ) -> torch.Tensor:
     """``edge_attention_torch``'s result, through the fused kernels where the edges were grouped for them."""
     if edges.groups is not None and uses_cpu_kernels(qkv):
-        import numba  # numba compiles: only on the CPU kernel path
+        import numba  # numba, loaded on the CPU path only
 
         threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)  # torch's budget (one per Ray Train CPU)
         if threads > 1:

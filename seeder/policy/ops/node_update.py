@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from seeder.policy.ops import kernels
 from seeder.policy.ops.dropout import ByteDropout, draw_seed, uses_cpu_kernels
 
 
@@ -79,6 +78,8 @@ class _FusedNodeUpdate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        from seeder.policy.ops import kernels  # numba, loaded on the CPU path only
+
         aggregated, w_out, g1, w1, w2, g2, x1, pre_gelu, hidden = ctx.saved_tensors
         xhat1, rstd1, xhat2, rstd2, (mask_out, mask_hidden, mask_ffn), (cut, scale) = ctx.arrays
         del ctx.arrays
@@ -170,6 +171,8 @@ def draw_masks(dropout: ByteDropout, n: int, dim: int, hidden: int):
     """The dropout bytes of one node update: after the output product ([n, dim]), inside the
     feed-forward network ([n, hidden]) and after it ([n, dim]), at ``dropout``'s rate (``fused_supported``
     checks that the block has one); empty arrays where dropout is off."""
+    from seeder.policy.ops import kernels  # numba, loaded on the CPU path only
+
     if not dropout.active(n * dim):
         empty = np.empty(0, np.uint8)
         return empty, empty, empty
