@@ -7,6 +7,8 @@ import argparse
 from seeder.data.importers.metaqa import import_metaqa
 from seeder.data.importers.stark import import_stark
 from seeder.data.importers.triples import import_triples
+from seeder.data.update import update_dataset
+from seeder.system.io import DataError
 
 
 def _metaqa(args: argparse.Namespace) -> int:
@@ -26,6 +28,24 @@ def _stark(args: argparse.Namespace) -> int:
 
 
 def _triples(args: argparse.Namespace) -> int:
+    if args.update is not None:
+        update_dataset(
+            args.update,
+            args.out,
+            triples_path=args.triples,
+            nodes_path=args.nodes,
+            queries_path=args.queries,
+            head_col=args.head_col,
+            relation_col=args.relation_col,
+            tail_col=args.tail_col,
+            no_header=args.no_header,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            overwrite=args.overwrite,
+        )
+        return 0
+    if args.triples is None:
+        raise DataError("--triples is required: the triples file to import (with --update DATASET, the triples to change)")
     import_triples(
         args.triples,
         args.out,
@@ -80,7 +100,10 @@ def register(subparsers) -> None:
     stark.set_defaults(func=_stark)
 
     triples = sources.add_parser("triples", help="generic head/relation/tail triples (TSV, CSV or Parquet)")
-    triples.add_argument("--triples", required=True, help="triples file (.tsv, .csv or .parquet)")
+    triples.add_argument(
+        "--triples",
+        help="triples file (.tsv, .csv or .parquet); with --update, the triples to add and remove (column op)",
+    )
     triples.add_argument("--nodes", help="optional node file: id (or name), text[, type][, name]")
     triples.add_argument("--queries", help="optional queries file: text, answers (ids separated by |)[, split][, id]")
     triples.add_argument("--head-col", default="head", help="head column name (default head)")
@@ -89,5 +112,11 @@ def register(subparsers) -> None:
     triples.add_argument("--no-header", action="store_true", help="the triples file has no header line")
     triples.add_argument("--val-fraction", type=float, default=0.1, help="val share of the hash split (default 0.1)")
     triples.add_argument("--test-fraction", type=float, default=0.1, help="test share of the hash split (default 0.1)")
+    triples.add_argument(
+        "--update",
+        metavar="DATASET",
+        help="apply a change set to DATASET instead: --triples, --nodes and --queries (any of them) carry a column op "
+        "(add or remove), and --out receives the new version; DATASET stays as it is",
+    )
     common(triples)
     triples.set_defaults(func=_triples)

@@ -44,6 +44,11 @@ QUERY_BASE_SCHEMA = pa.schema(
 )
 
 
+# A node an update removed (``seeder.data.update``). Node ids are contiguous and stable across versions,
+# so a removed node keeps its id as a row of this type, with this name and text and no edges or answers.
+REMOVED_TYPE = "(removed)"
+
+
 def default_inverse_text(text: str) -> str:
     """Text of the inverse of a relation when the source gives none."""
     return f"inverse of {text}"
@@ -199,8 +204,15 @@ def write_dataset(
     queries: pa.Table,
     source: dict[str, Any] | None = None,
     overwrite: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Validate and write a dataset directory atomically (a failed write leaves no complete dataset)."""
+    """Validate and write a dataset directory atomically (a failed write leaves no complete dataset).
+
+    ``extra``: further top-level manifest entries, such as an update's ``parent`` and ``change``.
+    """
+    clash = set(extra or {}) & {"kind", "schema_version", "created", "source", "counts", "query_attributes", "fingerprints"}
+    if clash:
+        raise ValueError(f"write_dataset: extra manifest entries {sorted(clash)} would replace the store's own")
     nodes, relations, edges, queries = validate_tables(nodes, relations, edges, queries)
     out = Path(out)
     with atomic_directory(out, overwrite=overwrite) as tmp:
@@ -231,6 +243,7 @@ def write_dataset(
             },
             "query_attributes": [c for c in queries.column_names if c not in QUERY_BASE_SCHEMA.names],
             "fingerprints": {f: fingerprint_file(tmp / f) for f in files},
+            **(extra or {}),
         }
         write_manifest(tmp, manifest)
     return out

@@ -485,7 +485,7 @@ def train_run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m seeder.training.loop",
+        prog="python -m seeder.training",
         description="Train the SeedER policy in this process (no Ray).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -17,6 +17,7 @@ are not nodes of the graph are errors naming the file and line.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +107,131 @@ def read_table(path: str | Path, header: bool = True, string_columns: tuple[str,
     return table
 
 
-def _as_strings(table: pa.Table, column: str, path: Path) -> pa.Array:
+def as_strings(table: pa.Table, column: str, path: Path) -> pa.Array:
+    """Column ``column`` as trimmed strings: ids are compared as text, so integer ids become their digits."""
     col = table.column(column).combine_chunks()
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_integer(col.type)):
         raise DataError(f"{path}: column '{column}' has type {col.type}; expected strings or integer ids")
     return pc.utf8_trim_whitespace(col.cast(pa.string()))
 
 
-def _empty_rows(values: pa.Array) -> np.ndarray:
+def empty_rows(values: pa.Array) -> np.ndarray:
+    """Rows whose value is null or the empty string."""
     return np.flatnonzero(pc.or_(pc.is_null(values), pc.equal(pc.utf8_length(values), 0)).to_numpy(zero_copy_only=False))
+
+
+def read_triples(
+    path: Path,
+    head_col: str = "head",
+    relation_col: str = "relation",
+    tail_col: str = "tail",
+    no_header: bool = False,
+    extra: tuple[str, ...] = (),
+) -> tuple[list[pa.Array], int]:
+    """The head, relation and tail columns of a triples file as trimmed strings, then the ``extra``
+    columns (a change set's ``op``), and the line number of the first row (for error messages).
+
+    Columns are found by name, or taken in order from a file with exactly that many columns (always so
+    in a file without a header). An empty head, relation or tail is an error naming the lines.
+    """
+    table = read_table(path, header=not no_header)
+    cols = [head_col, relation_col, tail_col, *extra]
+    labels = ["head", "relation", "tail", *extra]
+    if no_header and table.num_columns != len(cols):
+        raise DataError(
+            f"{path}: {table.num_columns} columns, expected {len(cols)} ({', '.join(labels)}) in a file without a header"
+        )
+    if not set(cols) <= set(table.column_names):
+        if table.num_columns != len(cols):
+            exactly = "exactly three columns" if not extra else f"exactly {len(cols)} columns ({', '.join(labels)})"
+            raise DataError(
+                f"{path}: no columns {', '.join(cols)} (have: {', '.join(table.column_names)}); name them with "
+                f"--head-col/--relation-col/--tail-col or give a file with {exactly}"
+            )
+        cols = table.column_names
+    first_line = 1 if no_header else 2
+    columns = [as_strings(table, c, path) for c in cols]
+    for label, values in zip(("head", "relation", "tail"), columns):
+        empty = empty_rows(values)
+        if empty.size:
+            raise DataError(
+                f"{path}: {empty.size} rows with an empty {label}, first lines {first_examples(empty + first_line)}; "
+                f"fill or remove them"
+            )
+    return columns, first_line
+
+
+@dataclass
+class NodeRows:
+    """A node file's rows (row ``i`` is line ``i + 2``): each node's key, the string the triples use; its
+    trimmed text; and its display name and type where the file has those columns ("" where a row leaves
+    them empty)."""
+
+    path: Path
+    table: pa.Table
+    keys: pa.Array
+    text: pa.Array
+    names: pa.Array | None
+    types: pa.Array | None
+
+    def require_text(self, rows: np.ndarray | None = None) -> None:
+        """Raise DataError naming the first lines with an empty text (among the boolean mask ``rows``, or all)."""
+        empty = empty_rows(self.text)
+        if rows is not None:
+            empty = empty[rows[empty]]
+        if empty.size:
+            raise DataError(
+                f"{self.path}: {empty.size} nodes with empty text, first lines {first_examples(empty + 2)}; "
+                f"give every node a text or drop its row"
+            )
+
+
+def read_nodes(path: Path) -> NodeRows:
+    """A node file: ``id`` (or ``name``) and ``text``, optional ``type`` and, keyed by ``id``, ``name``.
+
+    Every column is read as a string. A missing column, an empty key or a key listed twice is an error
+    naming the lines; empty texts are checked by ``NodeRows.require_text``.
+    """
+    table = read_table(path)  # every column a string: ids, names, types and texts
+    key_col = "id" if "id" in table.column_names else "name" if "name" in table.column_names else None
+    if key_col is None or "text" not in table.column_names:
+        raise DataError(f"{path}: needs columns id (or name) and text, optional type (have: {', '.join(table.column_names)})")
+    keys = as_strings(table, key_col, path)
+    empty = empty_rows(keys)
+    if empty.size:
+        raise DataError(
+            f"{path}: {empty.size} rows with an empty {key_col}, first lines {first_examples(empty + 2)}; "
+            f"give every node its {key_col} or drop its row"
+        )
+    order = pc.array_sort_indices(keys)
+    sorted_keys = keys.take(order).to_numpy(zero_copy_only=False)
+    dup = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+    if dup.size:
+        rows = order.to_numpy()[dup + 1] + 2
+        raise DataError(
+            f"{path}: {dup.size} duplicate node ids, first {first_examples(sorted_keys[dup])} "
+            f"(lines {first_examples(rows)}); every node id must appear once"
+        )
+    text = pc.utf8_trim_whitespace(table.column("text").combine_chunks().cast(pa.string())).fill_null("")
+    names = as_strings(table, "name", path).fill_null("") if key_col == "id" and "name" in table.column_names else None
+    types = as_strings(table, "type", path).fill_null("") if "type" in table.column_names else None
+    return NodeRows(path=path, table=table, keys=keys, text=text, names=names, types=types)
+
+
+def relation_table(names: pa.Array, first_id: int = 0) -> pa.Table:
+    """Relations ``names`` with ids from ``first_id``: the text is the name with underscores read as
+    spaces, the inverse text the store's default."""
+    text = pc.utf8_trim_whitespace(pc.replace_substring(names, "_", " "))
+    # A relation named only of underscores ("_") would get an empty text: it reads as its name instead.
+    text = pc.if_else(pc.equal(pc.utf8_length(text), 0), names, text)
+    return pa.table(
+        {
+            "id": pa.array(np.arange(first_id, first_id + len(names), dtype=np.int32)),
+            "name": names,
+            "text": text,
+            "inverse_text": pa.array([default_inverse_text(t) for t in text.to_pylist()], pa.string()),
+        }
+    )
 
 
 @writes_output
@@ -134,26 +251,7 @@ def import_triples(
     """Import generic triples (and optional node texts and queries) into dataset directory ``out``."""
     triples = Path(triples)
     progress(f"triples: reading {triples}")
-    table = read_table(triples, header=not no_header)
-    cols = [head_col, relation_col, tail_col]
-    if no_header and table.num_columns != 3:
-        raise DataError(f"{triples}: {table.num_columns} columns, expected 3 (head, relation, tail) in a file without a header")
-    if not set(cols) <= set(table.column_names):
-        if table.num_columns != 3:
-            raise DataError(
-                f"{triples}: no columns {', '.join(cols)} (have: {', '.join(table.column_names)}); name them with "
-                f"--head-col/--relation-col/--tail-col or give a file with exactly three columns"
-            )
-        cols = table.column_names
-    first_line = 1 if no_header else 2
-    heads, rels, tails = (_as_strings(table, c, triples) for c in cols)
-    for label, values in (("head", heads), ("relation", rels), ("tail", tails)):
-        empty = _empty_rows(values)
-        if empty.size:
-            raise DataError(
-                f"{triples}: {empty.size} rows with an empty {label}, first lines {first_examples(empty + first_line)}; "
-                f"fill or remove them"
-            )
+    (heads, rels, tails), _ = read_triples(triples, head_col, relation_col, tail_col, no_header)
 
     inputs = {triples.name: fingerprint_file(triples)}
     keys = pc.unique(pa.concat_arrays([heads, tails]))
@@ -161,64 +259,28 @@ def import_triples(
     names, texts = keys, keys
     if nodes_path is not None:
         nodes_path = Path(nodes_path)
-        node_table = read_table(nodes_path)  # every column a string: ids, names, types and texts
-        key_col = "id" if "id" in node_table.column_names else "name" if "name" in node_table.column_names else None
-        if key_col is None or "text" not in node_table.column_names:
-            raise DataError(
-                f"{nodes_path}: needs columns id (or name) and text, optional type (have: {', '.join(node_table.column_names)})"
-            )
-        node_keys = _as_strings(node_table, key_col, nodes_path)
-        order = pc.array_sort_indices(node_keys)
-        sorted_keys = node_keys.take(order).to_numpy(zero_copy_only=False)
-        dup = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
-        if dup.size:
-            rows = order.to_numpy()[dup + 1] + 2
-            raise DataError(
-                f"{nodes_path}: {dup.size} duplicate node ids, first {first_examples(sorted_keys[dup])} "
-                f"(lines {first_examples(rows)}); every node id must appear once"
-            )
-        node_text = pc.utf8_trim_whitespace(node_table.column("text").combine_chunks().cast(pa.string()))
-        empty = _empty_rows(node_text)
-        if empty.size:
-            raise DataError(
-                f"{nodes_path}: {empty.size} nodes with empty text, first lines {first_examples(empty + 2)}; "
-                f"give every node a text or drop its row"
-            )
+        node_rows = read_nodes(nodes_path)
+        node_rows.require_text()
         inputs[nodes_path.name] = fingerprint_file(nodes_path)
         # Nodes listed in the node file but in no triple are kept (isolated nodes are still answers).
-        keys = pc.unique(pa.concat_arrays([node_keys, keys]))
-        row = lookup(keys, node_keys)
+        keys = pc.unique(pa.concat_arrays([node_rows.keys, keys]))
+        row = lookup(keys, node_rows.keys)
         has = row >= 0
-        safe = np.where(has, row, 0)
-        texts = pa.array(
-            np.where(has, node_text.take(pa.array(safe)).to_numpy(zero_copy_only=False), keys.to_numpy(zero_copy_only=False)),
-            pa.string(),
-        )
+        safe = pa.array(np.where(has, row, 0))
+        key_values = keys.to_numpy(zero_copy_only=False)
+        texts = pa.array(np.where(has, node_rows.text.take(safe).to_numpy(zero_copy_only=False), key_values), pa.string())
         names = keys
-        if key_col == "id" and "name" in node_table.column_names:
-            node_names = _as_strings(node_table, "name", nodes_path).fill_null("")
-            chosen = node_names.take(pa.array(safe)).to_numpy(zero_copy_only=False)
-            names = pa.array(np.where(has & (chosen != ""), chosen, keys.to_numpy(zero_copy_only=False)), pa.string())
-        types = pa.array(np.full(len(keys), "entity", dtype=object), pa.string())
-        if "type" in node_table.column_names:
-            node_type = _as_strings(node_table, "type", nodes_path).fill_null("entity")
-            chosen = node_type.take(pa.array(safe)).to_numpy(zero_copy_only=False)
+        if node_rows.names is not None:
+            chosen = node_rows.names.take(safe).to_numpy(zero_copy_only=False)
+            names = pa.array(np.where(has & (chosen != ""), chosen, key_values), pa.string())
+        if node_rows.types is not None:
+            chosen = node_rows.types.take(safe).to_numpy(zero_copy_only=False)
             types = pa.array(np.where(has & (chosen != ""), chosen, "entity"), pa.string())
 
     rel_names = pc.unique(rels)
-    rel_names = rel_names.take(pc.array_sort_indices(rel_names))
-    rel_text = pc.utf8_trim_whitespace(pc.replace_substring(rel_names, "_", " "))
-    # A relation named only of underscores ("_") would get an empty text: it reads as its name instead.
-    rel_text = pc.if_else(pc.equal(pc.utf8_length(rel_text), 0), rel_names, rel_text)
+    relations = relation_table(rel_names.take(pc.array_sort_indices(rel_names)))
+    rel_names = relations.column("name").combine_chunks()
     nodes = pa.table({"id": pa.array(np.arange(len(keys), dtype=np.int64)), "type": types, "name": names, "text": texts})
-    relations = pa.table(
-        {
-            "id": pa.array(np.arange(len(rel_names), dtype=np.int32)),
-            "name": rel_names,
-            "text": rel_text,
-            "inverse_text": pa.array([default_inverse_text(t) for t in rel_text.to_pylist()], pa.string()),
-        }
-    )
     src, dst, rel = lookup(heads, keys), lookup(tails, keys), lookup(rels, rel_names).astype(np.int32)
     # A triple listed twice is one fact (as in the MetaQA importer): keep its first row, count the rest.
     _, first = np.unique(np.stack([src, rel.astype(np.int64), dst], axis=1), axis=0, return_index=True)
@@ -235,36 +297,60 @@ def import_triples(
         queries = read_queries(queries_path, keys, val_fraction, test_fraction)
         inputs[queries_path.name] = fingerprint_file(queries_path)
     else:
-        queries = pa.table(
-            {
-                "id": pa.array([], pa.int64()),
-                "text": pa.array([], pa.string()),
-                "answers": pa.array([], pa.list_(pa.int64())),
-                "split": pa.array([], pa.string()),
-            }
-        )
+        queries = empty_queries()
     source = {"format": "triples", "triples": str(triples), "inputs": inputs, "duplicate_triples": int(duplicates)}
     write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
     progress(f"triples: wrote {out}: {queries.num_rows:,} queries")
     return source
 
 
+def empty_queries() -> pa.Table:
+    """A queries table with the store's columns and no rows (a graph imported without questions)."""
+    return pa.table(
+        {
+            "id": pa.array([], pa.int64()),
+            "text": pa.array([], pa.string()),
+            "answers": pa.array([], pa.list_(pa.int64())),
+            "split": pa.array([], pa.string()),
+        }
+    )
+
+
 def read_queries(path: Path, keys: pa.Array, val_fraction: float, test_fraction: float) -> pa.Table:
     """Queries with answers resolved to node ids; unknown answers are errors naming the line."""
-    # Answers are node ids: strings, like the triples' ids. Other columns keep their types (attributes).
-    table = read_table(path, string_columns=("text", "answers", "split"))
+    return resolve_queries(read_query_table(path), path, keys, val_fraction, test_fraction)
+
+
+def read_query_table(path: Path) -> pa.Table:
+    """A queries file as read: answers are node ids, so strings like the triples' ids (as are text and
+    split); other columns keep their types (they become query attributes)."""
+    return read_table(path, string_columns=("text", "answers", "split"))
+
+
+def resolve_queries(
+    table: pa.Table,
+    path: Path,
+    keys: pa.Array,
+    val_fraction: float,
+    test_fraction: float,
+    line: np.ndarray | None = None,
+) -> pa.Table:
+    """The store's queries from the rows of a queries file: answers resolved to node ids (the position of
+    their key in ``keys``), a split from the file or a stable hash of the text, and the other columns
+    kept as attributes. ``line`` gives each row's line in ``path`` (row + 2 by default)."""
     for col in ("text", "answers"):
         if col not in table.column_names:
             raise DataError(
                 f"{path}: missing column '{col}' (have: {', '.join(table.column_names)}); a queries file needs "
                 f"text and answers (node ids separated by |), optional split and id"
             )
-    line = np.arange(table.num_rows) + 2
+    if line is None:
+        line = np.arange(table.num_rows) + 2
     text = pc.utf8_trim_whitespace(table.column("text").combine_chunks().cast(pa.string()))
-    empty = _empty_rows(text)
+    empty = empty_rows(text)
     if empty.size:
         raise DataError(f"{path}: {empty.size} queries with empty text, first lines {first_examples(line[empty])}")
-    answer_field = _as_strings(table, "answers", path).fill_null("")
+    answer_field = as_strings(table, "answers", path).fill_null("")
     answer_lists = pc.split_pattern(answer_field, "|")
     flat = pc.utf8_trim_whitespace(pc.list_flatten(answer_lists))
     owner = np.repeat(np.arange(table.num_rows), pc.list_value_length(answer_lists).to_numpy())
@@ -290,7 +376,7 @@ def read_queries(path: Path, keys: pa.Array, val_fraction: float, test_fraction:
     answers = pa.ListArray.from_arrays(pa.array(offsets), pa.array(pairs[:, 1], pa.int64()))
 
     if "split" in table.column_names:
-        split = _as_strings(table, "split", path).fill_null("")
+        split = as_strings(table, "split", path).fill_null("")
         bad = np.flatnonzero(~pc.is_in(split, value_set=pa.array(SPLITS)).to_numpy(zero_copy_only=False))
         if bad.size:
             raise DataError(
