@@ -17,6 +17,7 @@ import pytest
 from seeder.config import ConfigError
 from seeder.evaluation import benchmark as bm
 from seeder.preprocessing.artifacts import open_artifacts
+from seeder.system.io import check_replaceable
 from tests.datasets import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -317,4 +318,4 @@ def test_report_directory_is_replaced_only_when_it_is_a_previous_report(tmp_path
     previous = tmp_path / "report"
     previous.mkdir()
     (previous / "report.json").write_text("{}")
-    assert bm.check_replaceable(previous, overwrite=True, marker=bm.REPORT_MARKER) is None
+    assert check_replaceable(previous, overwrite=True, marker=bm.REPORT_MARKER) is None
