@@ -65,16 +65,10 @@ def hand_built_artifacts(
     records ``trained_on``'s artifacts, or these). ``reduce_dim`` only goes into the config: the features
     are the encoder's either way. ``step_budget`` is recorded as if preprocessing had derived it."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from seeder.config import load_config, to_dict
-    from seeder.data.store import open_dataset, write_dataset
-    from seeder.features.embed import HashEncoder
+    from seeder.data.store import write_dataset
     from seeder.policy.checkpoint import artifacts_record
-    from seeder.preprocessing.artifacts import open_artifacts, read_seed_table
-    from seeder.preprocessing.stages import run_seeds
-    from seeder.retrieve.khop import expand_queries
-    from seeder.system.io import write_manifest
+    from seeder.preprocessing.artifacts import open_artifacts
     from seeder.training.loop import build_state, export_best
 
     rng = np.random.default_rng(seed)
@@ -113,8 +107,18 @@ def hand_built_artifacts(
         ),
         queries,
     )
-    kg = open_dataset(dataset)
-    config = load_config(
+    config = hand_config(strategy, reduce_dim, dim)
+    out = preprocess_by_hand(dataset, root / "artifacts", config, step_budget)
+    record = artifacts_record(open_artifacts(trained_on or out))
+    model = export_best(build_state(config, dim, 1, record), root / "model")
+    return out, model, queries.column("text").to_pylist()
+
+
+def hand_config(strategy: str = "dense", reduce_dim: int = 256, dim: int = 32):
+    """The settings of ``hand_built_artifacts``: the hash encoder, small budgets, a one-layer policy."""
+    from seeder.config import load_config
+
+    return load_config(
         None,
         [
             "embed.encoder=hash",
@@ -130,21 +134,39 @@ def hand_built_artifacts(
             f"reduce.dim={reduce_dim}",
         ],
     )
-    encoder = HashEncoder(dim=dim)
-    nf, qf = encoder.encode(names), encoder.encode(queries.column("text").to_pylist())
-    rf = encoder.encode(relation_names + [f"{t} of" for t in relation_names])
-    out = root / "artifacts"
+
+
+def preprocess_by_hand(dataset: Path, out: Path, config, step_budget=None) -> Path:
+    """Artifacts of ``dataset`` at ``out`` without Ray: hash features of every text (``config.embed``), the
+    library's seeds stage and K-HOP-WITH-FILTERING, and a manifest as preprocessing writes it."""
+    import pyarrow.parquet as pq
+
+    from seeder.config import to_dict
+    from seeder.data.store import open_dataset
+    from seeder.features.embed import HashEncoder
+    from seeder.preprocessing.artifacts import read_seed_table
+    from seeder.preprocessing.stages import answer_csr, run_seeds
+    from seeder.retrieve.khop import expand_queries
+    from seeder.system.io import write_manifest
+
+    kg = open_dataset(dataset)
+    queries = kg.queries
+    relations = kg.relations
+    encoder = HashEncoder(dim=config.embed.hash_dim)
+    nf = encoder.encode(kg.nodes.column("text").to_pylist())
+    qf = encoder.encode(queries.column("text").to_pylist())
+    rf = encoder.encode(relations.column("text").to_pylist() + relations.column("inverse_text").to_pylist())
+    query_ids = np.asarray(queries.column("id").to_numpy())
     (out / "features").mkdir(parents=True)
     (out / "seeds").mkdir()
-    for name, array in (("node", nf), ("relation", rf), ("query", qf), ("query_ids", np.arange(q) + 100)):
+    for name, array in (("node", nf), ("relation", rf), ("query", qf), ("query_ids", query_ids)):
         np.save(out / "features" / f"{name}.npy", array)
     write_manifest(out / "features", {"stage": "features"})
     run_seeds(out / "features", out / "seeds", kg, config)
     _, seeds, scores = read_seed_table(out / "seeds" / "seeds.parquet")
     splits = np.array(queries.column("split").to_pylist(), dtype=object)
-    subgraphs = expand_queries(
-        kg, nf, rf, qf, seeds, scores, config.expand, np.arange(q) + 100, splits, np.arange(q + 1), np.concatenate(answers)
-    )
+    answer_ptr, answers = answer_csr(queries)
+    subgraphs = expand_queries(kg, nf, rf, qf, seeds, scores, config.expand, query_ids, splits, answer_ptr, answers)
     (out / "subgraphs").mkdir()
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
@@ -158,6 +180,4 @@ def hand_built_artifacts(
             **({"step_budget": step_budget} if step_budget else {}),
         },
     )
-    record = artifacts_record(open_artifacts(trained_on or out))
-    model = export_best(build_state(config, dim, 1, record), root / "model")
-    return out, model, queries.column("text").to_pylist()
+    return out

@@ -274,6 +274,12 @@ class KnowledgeGraph:
         """One fingerprint of the whole dataset's content (for stage manifests downstream)."""
         return fingerprint_json(self.manifest["fingerprints"])
 
+    @property
+    def lineage(self) -> list[str]:
+        """The fingerprints of the versions this one was updated from (``seeder.data.update``), parent
+        first; empty for an imported dataset."""
+        return list(self.manifest.get("lineage", []))
+
     def table(self, name: str, columns: list[str] | None = None) -> pa.Table:
         return pq.read_table(self.path / f"{name}.parquet", columns=columns)
 

@@ -490,7 +490,11 @@ def update_dataset(
         change.queries,
         source={"format": "update", "inputs": change.inputs},
         overwrite=overwrite,
-        extra={"parent": {"fingerprint": parent.fingerprint, "path": location}, "change": c},
+        extra={
+            "parent": {"fingerprint": parent.fingerprint, "path": location},
+            "lineage": [parent.fingerprint, *parent.lineage],
+            "change": c,
+        },
     )
     progress(f"update: wrote {out}")
     return c

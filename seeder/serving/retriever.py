@@ -100,10 +100,12 @@ class Hits:
     nodes: list[RetrievedNode]
     triples: list[tuple[str, str, str]] = field(default_factory=list)
     set_size: int = 0  # nodes in the policy's final set (the first ``set_size`` ranks)
+    dataset: str = ""  # fingerprint of the dataset version that answered (``Retriever.reload`` switches it)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "question": self.question,
+            "dataset": self.dataset,
             "set_size": self.set_size,
             "nodes": [n.to_dict() for n in self.nodes],
             "triples": [list(t) for t in self.triples],
@@ -158,6 +160,7 @@ class Retriever:
         self.ranking_length = max(self.config.eval.ranking_length, self.schedule.budget)
         self.batch_size = info.config.train.eval_batch_size
         self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
+        self.source = "the model"  # what it was loaded from, for messages (``load`` sets it)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -189,7 +192,7 @@ class Retriever:
             raise DataError(f"model {model} does not record its artifacts; pass artifacts=... (--artifacts)")
         opened = open_artifacts(where, accept_mismatch=accept_mismatch)
         zero_shot = check_compatible(info, opened, str(model), accept_mismatch=accept_mismatch)
-        return cls(
+        retriever = cls(
             policy,
             info,
             opened,
@@ -199,6 +202,37 @@ class Retriever:
             compiled=compiled,
             zero_shot=zero_shot,
         )
+        retriever.source = str(model)
+        return retriever
+
+    def reload(self, artifacts: str | Path, accept_mismatch: bool = False) -> "Retriever":
+        """This model over other artifacts, such as those of an updated version of its graph
+        (``seeder import ... --update``), without retraining: a new ``Retriever`` sharing the policy, and
+        the question encoder when the encoder settings agree. This one keeps answering from its own
+        artifacts, so a call in flight finishes on the version it started with; switch by replacing the
+        reference (``retriever = retriever.reload(new)``), after ``warm_up`` for a first call without
+        index building. The new artifacts must share the model's features: the same version, an update
+        built in the encoder's feature space (``reduce.dim: 0``), or another graph in it (zero-shot), as
+        ``check_compatible`` decides; ``accept_mismatch`` as in ``load``."""
+        opened = open_artifacts(artifacts, accept_mismatch=accept_mismatch)
+        zero_shot = check_compatible(self.info, opened, self.source, accept_mismatch=accept_mismatch)
+        new = Retriever(
+            self.model,  # already on the device, and compiled in place when this one is
+            self.info,
+            opened,
+            device=self.device,
+            encoder_precision=self.encoder_precision,
+            zero_shot=zero_shot,
+        )
+        new.compiled, new.source = self.compiled, self.source
+        if "encoder" in self.__dict__ and opened.config.embed == self.config.embed:
+            new.__dict__["encoder"] = self.encoder  # built once: loading MiniLM takes seconds
+        return new
+
+    @property
+    def dataset_version(self) -> str:
+        """Fingerprint of the dataset version this retriever answers from (also in every ``Hits``)."""
+        return str(self.artifacts.manifest.get("dataset_fingerprint", ""))
 
     # -- the pieces a new question needs, built on first use ------------------------------------------
 
@@ -406,6 +440,7 @@ class Retriever:
     def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int]) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
+        version = self.dataset_version
         # The top k_i ranks of each question, as flat (question, rank) pairs.
         valid = result.ranking >= 0
         shown = valid & (np.cumsum(valid, axis=1) <= np.asarray(ks, dtype=np.int64)[:, None])
@@ -429,6 +464,7 @@ class Retriever:
                 nodes=nodes[node_ptr[i] : node_ptr[i + 1]],
                 triples=triples[triple_ptr[i] : triple_ptr[i + 1]],
                 set_size=int(result.set_size[i]),
+                dataset=version,
             )
             for i, text in enumerate(questions)
         ]
@@ -462,7 +498,9 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     differs is an error naming both, or a warning with ``accept_mismatch``. The exception is a model
     carried to another graph in the same feature space (the encoder's own, ``reduce.dim: 0`` on both):
     it runs zero-shot, says so on stderr, and this returns True. Relations are read through their texts'
-    embeddings, so the other graph's relation ids do not matter."""
+    embeddings, so the other graph's relation ids do not matter. An updated version of the model's graph
+    (``seeder.data.update``: its lineage holds the model's dataset) in the same shared space is at home:
+    ids are stable, so it says so on stderr and this returns False."""
     from seeder.policy.checkpoint import artifact_feature_space  # imports torch: only on this path
 
     dim = int(artifacts.node_features.shape[1])
@@ -476,6 +514,13 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     here = artifacts.manifest.get("dataset_fingerprint")
     known = record.get("dataset_fingerprints") or [record.get("dataset_fingerprint")]  # several with multi-graph training
     if space and space == artifact_feature_space(artifacts) and here:
+        if here not in known and set(known) & set(artifacts.dataset.lineage):
+            print(
+                f"update: model {model} was trained on an earlier version of this graph ({record.get('path', '?')}); "
+                f"it ranks {artifacts.path}, built in the same feature space",
+                file=sys.stderr,
+            )
+            return False
         if here not in known:
             graphs = record.get("paths") or [record.get("path", "?")]
             print(
@@ -501,7 +546,7 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
         f"model {model} was trained on artifacts {record.get('path')} (fingerprint {record.get('fingerprint', '?')}), "
         f"but {artifacts.path} has fingerprint {artifacts.fingerprint or '?'}: {', '.join(differ)} (another graph, "
         f"encoder or PCA); use the artifacts it was trained on, retrain, build both with reduce.dim=0 and the "
-        f"same encoder to carry the model to another graph (zero-shot), or pass --accept-mismatch "
+        f"same encoder to carry the model to another graph or an updated version of its graph, or pass --accept-mismatch "
         f"(accept_mismatch=True) to run it anyway"
     )
     if not accept_mismatch:

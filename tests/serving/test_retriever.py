@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ENV
 from tests.conftest import run as _run
-from tests.datasets import hand_built_artifacts
+from tests.datasets import hand_built_artifacts, preprocess_by_hand
 
 
 @pytest.fixture(scope="module")
@@ -448,3 +448,54 @@ def test_a_model_of_several_graphs_is_at_home_on_each_and_zero_shot_elsewhere(tm
     assert "zero-shot" not in capsys.readouterr().err
     assert Retriever.load(model, artifacts=graphs[2]).zero_shot
     assert f"trained on other graphs ({graphs[0]}, {graphs[1]})" in capsys.readouterr().err
+
+
+def test_reload_switches_to_an_updated_version_and_the_old_retriever_keeps_its_own(tmp_path, capsys):
+    """A model of one version of a graph serves the next version (``seeder import ... --update``, built
+    in the encoder's feature space) without retraining: ``reload`` gives a retriever whose answers name
+    the new version and see its new edges, while the old retriever still answers from the old one."""
+    from seeder import Retriever
+    from seeder.data.store import open_dataset
+    from seeder.data.update import update_dataset
+    from seeder.policy.checkpoint import load_model
+
+    artifacts, model, questions = hand_built_artifacts(tmp_path / "v1", "dense", reduce_dim=0)
+    parent = tmp_path / "v1" / "dataset"
+    changes = tmp_path / "changes.tsv"
+    changes.write_text(
+        "head\trelation\ttail\top\nentity alpha\trelation a\tentity omega\tadd\nentity beta\trelation b\tentity psi\tadd\n"
+    )
+    update_dataset(parent, tmp_path / "v2" / "dataset", triples_path=changes)
+    updated = preprocess_by_hand(tmp_path / "v2" / "dataset", tmp_path / "v2" / "artifacts", load_model(model)[1].config)
+    v1, v2 = open_dataset(parent).fingerprint, open_dataset(tmp_path / "v2" / "dataset").fingerprint
+    assert open_dataset(tmp_path / "v2" / "dataset").lineage == [v1]
+
+    old = Retriever.load(model)
+    old.warm_up()
+    new = old.reload(updated)
+    assert "trained on an earlier version of this graph" in capsys.readouterr().err
+    assert not new.zero_shot and new.model is old.model and new.encoder is old.encoder
+    assert (old.dataset_version, new.dataset_version) == (v1, v2)
+    before, after = old.retrieve(questions, k=60), new.retrieve(questions, k=60)
+    assert {h.dataset for h in before} == {v1} and {h.dataset for h in after} == {v2}
+    added = {("entity alpha", "relation a", "entity omega"), ("entity beta", "relation b", "entity psi")}
+    assert not added & {t for h in before for t in h.triples}
+    assert added & {t for h in after for t in h.triples}  # the new edges are in the new version's subgraphs
+    assert old.retrieve(questions[:1], k=5)[0].dataset == v1  # the old one is untouched by the switch
+
+
+def test_reload_refuses_another_pca_space_and_names_the_way_out(tmp_path):
+    """With a PCA fitted again for the update (``reduce.dim`` > 0), the model's features are not the
+    update's: an error that says to build in the encoder's space or retrain."""
+    from seeder import Retriever
+    from seeder.data.update import update_dataset
+    from seeder.policy.checkpoint import load_model
+    from seeder.preprocessing.artifacts import FingerprintMismatch
+
+    artifacts, model, _ = hand_built_artifacts(tmp_path / "v1", "dense", reduce_dim=256)
+    changes = tmp_path / "changes.tsv"
+    changes.write_text("head\trelation\ttail\top\nentity alpha\trelation a\tentity omega\tadd\n")
+    update_dataset(tmp_path / "v1" / "dataset", tmp_path / "v2" / "dataset", triples_path=changes)
+    updated = preprocess_by_hand(tmp_path / "v2" / "dataset", tmp_path / "v2" / "artifacts", load_model(model)[1].config)
+    with pytest.raises(FingerprintMismatch, match="reduce.dim=0"):
+        Retriever.load(model).reload(updated)
