@@ -22,11 +22,14 @@ proxy in a second call (2-3 ms here).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import time
 from typing import Any
+
+from seeder.system.io import DataError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -51,8 +54,6 @@ class BadRequest(ValueError):
 
 def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str], int]:
     """The questions and k of a POST body; ``BadRequest`` (400/413) says what is wrong."""
-    import json
-
     try:
         data = json.loads(body or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -63,6 +64,29 @@ def parse_request(body: bytes, max_questions: int, max_k: int) -> tuple[list[str
     if not isinstance(questions, list) or not questions:
         raise BadRequest(400, '"questions" must be a non-empty list of strings (or send "question": "...")')
     return checked(questions, data.get("k", 10), max_questions, max_k)
+
+
+def parse_filters(data) -> dict[str, Any]:
+    """The optional filters of a request (``Retriever.retrieve``'s ``types`` and ``where``): from a POST
+    body's ``"types": [...]`` and ``"where": {"column": value or [values]}``, or a GET's ``type=`` params."""
+    if hasattr(data, "getlist"):
+        return {"types": data.getlist("type")} if data.getlist("type") else {}
+    if not isinstance(data, dict):
+        return {}
+    filters = {}
+    types, where = data.get("types"), data.get("where")
+    if types is not None:
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise BadRequest(400, '"types" must be a list of node type names')
+        filters["types"] = types
+    if where is not None:
+        scalar = (str, int, float, bool)
+        if not isinstance(where, dict) or not all(
+            isinstance(v, scalar) or (isinstance(v, list) and all(isinstance(x, scalar) for x in v)) for v in where.values()
+        ):
+            raise BadRequest(400, '"where" must map node columns to a value or a list of values')
+        filters["where"] = where
+    return filters
 
 
 def parse_query(params, max_questions: int, max_k: int) -> tuple[list[str], int]:
@@ -207,12 +231,18 @@ def build_app(
             try:
                 if request.method == "GET":
                     questions, k = parse_query(request.query_params, max_questions, self.max_k)
+                    filters = parse_filters(request.query_params)
                 else:
-                    questions, k = parse_request(await request.body(), max_questions, self.max_k)
+                    body = await request.body()
+                    questions, k = parse_request(body, max_questions, self.max_k)
+                    filters = parse_filters(json.loads(body))
             except BadRequest as exc:
                 return JSONResponse({"error": str(exc)}, status_code=exc.status)
-            if len(questions) > max_batch_size:  # a large batch is already a batch: rank it directly
-                hits = self.retriever.retrieve(questions, k=k)
+            if filters or len(questions) > max_batch_size:  # a large or filtered request is ranked on its own
+                try:
+                    hits = self.retriever.retrieve(questions, k=k, **filters)
+                except DataError as exc:  # a filter that names an unknown column or matches no node
+                    return JSONResponse({"error": str(exc)}, status_code=400)
                 return JSONResponse({"results": [h.to_dict() for h in hits]})
             return JSONResponse({"results": await self.rank((questions, k))})
 
@@ -267,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.replicas, args.max_batch_size, args.max_questions) < 1 or args.batch_wait_ms < 0:
         parser.error("--replicas, --max-batch-size and --max-questions must be >= 1, --batch-wait-ms >= 0")
     from seeder.policy.checkpoint import load_model, locate
-    from seeder.system.io import DataError
 
     try:
         load_model(locate(args.model))  # a missing or broken model fails here, before Ray starts

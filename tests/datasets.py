@@ -93,7 +93,7 @@ def hand_built_artifacts(
     )
     dataset = write_dataset(
         root / "dataset",
-        pa.table({"id": np.arange(n), "type": ["e"] * n, "name": names, "text": names}),
+        pa.table({"id": np.arange(n), "type": [name.split()[0] for name in names], "name": names, "text": names}),
         pa.table(
             {
                 "id": np.arange(r, dtype=np.int32),

@@ -68,6 +68,19 @@ def _print_trace(hits: Hits) -> None:
             print(f"  ({h}, {r}, {t})")
 
 
+def _where(pairs: list[str] | None) -> dict[str, list[str]] | None:
+    """``--where COLUMN=VALUE`` flags as ``Retriever.retrieve``'s ``where``: the values of each column."""
+    if not pairs:
+        return None
+    where: dict[str, list[str]] = {}
+    for pair in pairs:
+        column, sep, value = pair.partition("=")
+        if not sep or not column:
+            raise DataError(f"--where {pair!r}: write COLUMN=VALUE, e.g. --where type=film")
+        where.setdefault(column, []).append(value)
+    return where
+
+
 def run(args) -> int:
     if args.question is not None and not args.question.strip():
         raise DataError("the question is empty; give a question with words in it, or --file FILE")
@@ -82,9 +95,10 @@ def run(args) -> int:
         compiled=args.compile,
     )
     questions = [args.question] if args.question else _read_questions(args.file)
+    where = _where(args.where)
     hits = []
     for lo in range(0, len(questions), args.batch_size):
-        hits.extend(retriever.retrieve(questions[lo : lo + args.batch_size], k=args.k))
+        hits.extend(retriever.retrieve(questions[lo : lo + args.batch_size], k=args.k, types=args.types, where=where))
         if args.file:
             print(
                 f"retrieve: {min(lo + args.batch_size, len(questions))}/{len(questions)} questions", file=sys.stderr, flush=True
@@ -113,6 +127,19 @@ def register(subparsers) -> None:
     parser.add_argument("--out", help="write results here: .jsonl (one JSON object per question) or .parquet")
     parser.add_argument("--json", action="store_true", help="print one JSON object per question instead of the trace")
     parser.add_argument("-k", type=positive_int, default=10, help="nodes per question (default 10)")
+    parser.add_argument(
+        "--type",
+        dest="types",
+        action="append",
+        metavar="TYPE",
+        help="show only nodes of this type (repeatable); the expansion is unchanged",
+    )
+    parser.add_argument(
+        "--where",
+        action="append",
+        metavar="COLUMN=VALUE",
+        help="show only nodes whose node-table COLUMN holds VALUE (repeatable; a column given twice accepts either value)",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=256, help="questions per batched pass (default 256)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and the encoder (default cpu)")
     add_encoder_precision_argument(parser)

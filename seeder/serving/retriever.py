@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from seeder.config import SeederConfig
 from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
@@ -43,6 +45,10 @@ numpy's BLAS gets one thread too: its worker threads busy-wait after each produc
 caller's other work (in a service, Ray Serve's proxy) needs. Calls of more questions keep every thread,
 or are cut into parts of one thread each (``PART_QUESTIONS``). Measurements: benchmarks/RESULTS.md,
 "Threads and parts of a Retriever call"."""
+
+
+FILTERS_KEPT = 16
+"""Node masks of this many recent filters are kept (one byte per node each)."""
 
 
 PART_QUESTIONS = 32
@@ -161,6 +167,7 @@ class Retriever:
         self.batch_size = info.config.train.eval_batch_size
         self._part_threads, self._part_workers = None, 0  # a call's parts' ThreadPoolExecutor and its size
         self.source = "the model"  # what it was loaded from, for messages (``load`` sets it)
+        self._filters: dict[tuple, np.ndarray] = {}  # node masks of recent filters (``node_filter``)
 
     # -- loading -----------------------------------------------------------------------------------
 
@@ -375,15 +382,28 @@ class Retriever:
             for size in (ONE_THREAD_UP_TO + 1, max(2 * PART_QUESTIONS, int(getattr(self.encoder, "batch_size", 0))) + 1):
                 self.retrieve((texts * size)[:size], k=1)
 
-    def retrieve(self, questions: list[str] | str, k: int | list[int] = 20, topics: list[int | None] | None = None) -> list[Hits]:
+    def retrieve(
+        self,
+        questions: list[str] | str,
+        k: int | list[int] = 20,
+        topics: list[int | None] | None = None,
+        types: list[str] | None = None,
+        where: dict[str, Any] | None = None,
+    ) -> list[Hits]:
         """The top ``k`` nodes of each question and the triples among them; ``k`` may be one value per
-        question (a service ranks the questions of several requests in one pass)."""
+        question (a service ranks the questions of several requests in one pass).
+
+        ``types`` and ``where`` filter the ranked output, not the expansion: only nodes of one of
+        ``types``, and whose node-table columns hold the values of ``where`` (``{"column": value}``, or a
+        list of accepted values), are shown, ranked 1, 2, ... in their original order; the policy expands
+        and ranks exactly as without them."""
         if isinstance(questions, str):
             questions = [questions]
         questions = list(questions)
         ks = [k] * len(questions) if isinstance(k, int) else list(k)
         if len(ks) != len(questions):
             raise DataError(f"{len(ks)} values of k for {len(questions)} questions")
+        keep = self.node_filter(types, where)
         parts = self._parts(len(questions))
         if parts > 1:
             self._build_indexes()  # once, here: the parts would otherwise race to build them
@@ -391,18 +411,45 @@ class Retriever:
         # every thread. Graphs compile per thread count, so there are two: one and all.
         with intra_op_threads(1 if parts > 1 or len(questions) <= ONE_THREAD_UP_TO else None):
             if parts == 1:
-                return self._answer(questions, ks, topics)
+                return self._answer(questions, ks, topics, keep)
             bounds = np.linspace(0, len(questions), parts + 1).astype(int).tolist()
             futures = [
-                self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None)
+                self._pool(parts).submit(self._answer, questions[lo:hi], ks[lo:hi], topics[lo:hi] if topics else None, keep)
                 for lo, hi in zip(bounds[:-1], bounds[1:])
             ]
             return [hits for future in futures for hits in future.result()]
 
-    def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None) -> list[Hits]:
+    def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None, keep=None) -> list[Hits]:
         subgraphs, query_features = self.subgraphs(questions, topics)
         result, steps, scores = self.rank(subgraphs, query_features)
-        return self._hits(questions, subgraphs, result, steps, scores, ks)
+        return self._hits(questions, subgraphs, result, steps, scores, ks, keep)
+
+    def node_filter(self, types: list[str] | None = None, where: dict[str, Any] | None = None) -> np.ndarray | None:
+        """Which nodes a filtered call shows (bool per node), or None without a filter. Built once per
+        filter and kept (``FILTERS_KEPT`` of them): a call then pays one gather over its rankings."""
+        if not types and not where:
+            return None
+        key = (tuple(sorted(types or ())), tuple(sorted((c, str(v)) for c, v in (where or {}).items())))
+        if key not in self._filters:
+            nodes = self.artifacts.dataset.nodes
+            keep = np.ones(nodes.num_rows, dtype=bool)
+            for column, wanted in ([("type", list(types))] if types else []) + list((where or {}).items()):
+                if column not in nodes.column_names:
+                    raise DataError(
+                        f"filter on {column!r}: the nodes have no such column (columns: {', '.join(nodes.column_names)})"
+                    )
+                values = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+                hit = pc.is_in(nodes.column(column), value_set=pa.array(list(values), nodes.schema.field(column).type))
+                keep &= hit.to_numpy(zero_copy_only=False).astype(bool)
+            if not keep.any():
+                known = sorted(set(nodes.column("type").to_pylist()))[:10]
+                raise DataError(
+                    f"filter types={types} where={where}: no node matches (node types include {', '.join(map(str, known))})"
+                )
+            if len(self._filters) >= FILTERS_KEPT:
+                self._filters.pop(next(iter(self._filters)))
+            self._filters[key] = keep
+        return self._filters[key]
 
     def _parts(self, count: int) -> int:
         """How many parts a call of ``count`` questions is cut into on the CPU, each answered on its own
@@ -437,13 +484,20 @@ class Retriever:
         ]
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
-    def _hits(self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int]) -> list[Hits]:
+    def _hits(
+        self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int], keep=None
+    ) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
         version = self.dataset_version
         # The top k_i ranks of each question, as flat (question, rank) pairs.
         valid = result.ranking >= 0
-        shown = valid & (np.cumsum(valid, axis=1) <= np.asarray(ks, dtype=np.int64)[:, None])
+        set_size = result.set_size
+        if keep is not None:  # a filtered call: the kept nodes, numbered 1, 2, ... in their ranking's order
+            valid &= keep[np.maximum(result.ranking, 0)]
+            set_size = (valid & (np.arange(valid.shape[1]) < result.set_size[:, None])).sum(axis=1)
+        position = np.cumsum(valid, axis=1)  # a shown node's rank
+        shown = valid & (position <= np.asarray(ks, dtype=np.int64)[:, None])
         question, rank = np.nonzero(shown)
         ids = result.ranking[question, rank]
         triple_ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
@@ -453,9 +507,9 @@ class Retriever:
         ]
         node_ptr = np.searchsorted(question, np.arange(len(questions) + 1))
         nodes = [
-            RetrievedNode(rank=r + 1, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step)
+            RetrievedNode(rank=r, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step)
             for r, node, score, step in zip(
-                rank.tolist(), ids.tolist(), scores[question, rank].tolist(), steps[question, rank].tolist()
+                position[question, rank].tolist(), ids.tolist(), scores[question, rank].tolist(), steps[question, rank].tolist()
             )
         ]
         return [
@@ -463,7 +517,7 @@ class Retriever:
                 question=text,
                 nodes=nodes[node_ptr[i] : node_ptr[i + 1]],
                 triples=triples[triple_ptr[i] : triple_ptr[i + 1]],
-                set_size=int(result.set_size[i]),
+                set_size=int(set_size[i]),
                 dataset=version,
             )
             for i, text in enumerate(questions)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.serve import BadRequest, answer_on_the_replica, parse_query, parse_request
+from pipelines.serve import BadRequest, answer_on_the_replica, parse_filters, parse_query, parse_request
 from tests.conftest import ENV, free_port
 
 
@@ -136,6 +136,14 @@ def test_a_get_request_gets_the_same_rankings_as_a_post(server):
     half = len(scores) // 2
     assert scores[:half] == [pytest.approx(row, rel=1e-5, abs=1e-6) for row in scores[half:]]
     assert [len(r["nodes"]) for r in by_get["results"]] == [4, 4]
+    # A type filter: only that type's nodes, ranked 1, 2, ...; a filter that matches nothing is a 400.
+    kind = by_post["results"][0]["nodes"][0]["type"]
+    status, filtered = post(url, json.dumps({"questions": questions, "k": 4, "types": [kind]}).encode())
+    assert status == 200 and filtered["results"][0]["nodes"]
+    assert {n["type"] for r in filtered["results"] for n in r["nodes"]} == {kind}
+    assert [n["rank"] for n in filtered["results"][0]["nodes"]] == list(range(1, len(filtered["results"][0]["nodes"]) + 1))
+    status, reply = post(url, json.dumps({"questions": questions, "types": ["no such type"]}).encode())
+    assert status == 400 and "no node matches" in reply["error"]
     for query, message in (("k=3", '"question"'), ("question=a&k=three", "not 'three'"), ("question=a&k=0", '"k"')):
         got, reply = post(f"{url}?{query}", None, method="GET")
         assert got == 400 and message in reply["error"], (query, reply)
@@ -214,3 +222,18 @@ def test_parse_query_without_a_server():
         with pytest.raises(BadRequest) as info:
             parse_query(QueryParams(query), 10, 100)
         assert info.value.status == status, query
+
+
+def test_parse_filters_without_a_server():
+    from starlette.datastructures import QueryParams
+
+    assert parse_filters({"questions": ["a"]}) == {}
+    assert parse_filters({"types": ["film"], "where": {"lang": ["en", "fr"]}}) == {
+        "types": ["film"],
+        "where": {"lang": ["en", "fr"]},
+    }
+    assert parse_filters(QueryParams("question=a&type=film&type=person")) == {"types": ["film", "person"]}
+    for body in ({"types": "film"}, {"types": [1]}, {"where": ["x"]}, {"where": {"a": {"b": 1}}}):
+        with pytest.raises(BadRequest) as info:
+            parse_filters(body)
+        assert info.value.status == 400

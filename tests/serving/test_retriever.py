@@ -499,3 +499,37 @@ def test_reload_refuses_another_pca_space_and_names_the_way_out(tmp_path):
     updated = preprocess_by_hand(tmp_path / "v2" / "dataset", tmp_path / "v2" / "artifacts", load_model(model)[1].config)
     with pytest.raises(FingerprintMismatch, match="reduce.dim=0"):
         Retriever.load(model).reload(updated)
+
+
+def test_filters_keep_the_ranking_of_the_nodes_they_let_through(tmp_path, capsys):
+    """``types`` and ``where`` filter what is shown, not the expansion: the kept nodes in their unfiltered
+    order and scores, ranked 1, 2, ...; the retrieved set counts only them; errors name what is wrong."""
+    from seeder import Retriever
+    from seeder.cli.main import main
+    from seeder.system.io import DataError
+
+    _, model, questions = hand_built_artifacts(tmp_path, "dense")
+    retriever = Retriever.load(model)
+    full = retriever.retrieve(questions, k=60)
+    places = retriever.retrieve(questions, k=60, types=["place"])
+    named = retriever.retrieve(questions, k=60, where={"name": ["entity alpha", "place 3"]})
+    for every, kept, wanted in (
+        (full, places, lambda n: n.type == "place"),
+        (full, named, lambda n: n.name in ("entity alpha", "place 3")),
+    ):
+        for a, b in zip(every, kept):
+            expected = [n for n in a.nodes if wanted(n)]
+            assert [(n.id, n.score, n.step) for n in b.nodes] == [(n.id, n.score, n.step) for n in expected]
+            assert [n.rank for n in b.nodes] == list(range(1, len(b.nodes) + 1))
+            assert b.set_size == sum(n.rank <= a.set_size for n in expected)
+    assert any(h.nodes for h in places) and any(h.set_size < f.set_size for h, f in zip(places, full))
+    assert [h.nodes for h in retriever.retrieve(questions, k=60)] == [h.nodes for h in full]  # no filter left behind
+    with pytest.raises(DataError, match="no such column"):
+        retriever.retrieve(questions[:1], where={"colour": "red"})
+    with pytest.raises(DataError, match="no node matches.*node types include entity, place"):
+        retriever.retrieve(questions[:1], types=["film"])
+    assert main(["retrieve", "--model", str(model), questions[0], "--type", "entity", "-k", "5", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["nodes"] and {n["type"] for n in shown["nodes"]} == {"entity"}
+    assert main(["retrieve", "--model", str(model), questions[0], "--where", "colour"]) == 2
+    assert "--where 'colour': write COLUMN=VALUE" in capsys.readouterr().err
