@@ -1,10 +1,11 @@
-"""``seeder import stark|metaqa|triples``: build a dataset directory from a source's files."""
+"""``seeder import stark|metaqa|triples|rdf``: build a dataset directory from a source's files."""
 
 from __future__ import annotations
 
 import argparse
 
 from seeder.data.importers.metaqa import import_metaqa
+from seeder.data.importers.rdf import BLANK_NODES, FORMATS, import_rdf
 from seeder.data.importers.stark import import_stark
 from seeder.data.importers.triples import import_triples
 from seeder.data.update import update_dataset
@@ -55,6 +56,23 @@ def _triples(args: argparse.Namespace) -> int:
         relation_col=args.relation_col,
         tail_col=args.tail_col,
         no_header=args.no_header,
+        val_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        overwrite=args.overwrite,
+    )
+    return 0
+
+
+def _rdf(args: argparse.Namespace) -> int:
+    import_rdf(
+        args.files,
+        args.out,
+        queries_path=args.queries,
+        lang=args.lang,
+        rdf_format_name=args.format,
+        blank_nodes=args.blank_nodes,
+        type_edges=args.type_edges,
+        base_iri=args.base,
         val_fraction=args.val_fraction,
         test_fraction=args.test_fraction,
         overwrite=args.overwrite,
@@ -120,3 +138,37 @@ def register(subparsers) -> None:
     )
     common(triples)
     triples.set_defaults(func=_triples)
+
+    rdf = sources.add_parser(
+        "rdf",
+        help="RDF: N-Triples, N-Quads, Turtle, TriG or RDF/XML (IRIs become nodes, IRI-valued predicates relations)",
+        description="Import RDF files: IRIs become nodes named by their rdfs:label or skos:prefLabel (else their "
+        "local name), with rdfs:comment, skos:definition or schema:description as text and rdf:type as type; "
+        "predicates between IRIs become relations. Other literal triples, and by default blank-node triples, are "
+        "skipped and counted; graph names are ignored.",
+    )
+    rdf.add_argument("files", nargs="+", metavar="FILE", help="RDF files (.nt, .nq, .ttl, .trig, .rdf, .owl, .xml)")
+    rdf.add_argument(
+        "--format",
+        choices=list(FORMATS),
+        help="the syntax of every FILE (default: from each file's extension; .rdf, .owl and .xml are rdfxml)",
+    )
+    rdf.add_argument("--queries", help="optional queries file: text, answers (IRIs or node names separated by |)[, split][, id]")
+    rdf.add_argument(
+        "--lang",
+        default="en",
+        help="language of names and texts: labels tagged with it first, then untagged ones, then any (default en)",
+    )
+    rdf.add_argument(
+        "--blank-nodes",
+        choices=BLANK_NODES,
+        default="skip",
+        help="skip: drop (and count) triples with a blank-node subject or object; keep: make blank nodes nodes "
+        "named by their label, else _:b1, _:b2, ... (default skip)",
+    )
+    rdf.add_argument("--type-edges", action="store_true", help="keep rdf:type triples as edges too (they always give types)")
+    rdf.add_argument("--base", metavar="IRI", help="base IRI for relative IRIs (default: each file's file:// URI)")
+    rdf.add_argument("--val-fraction", type=float, default=0.1, help="val share of the hash split (default 0.1)")
+    rdf.add_argument("--test-fraction", type=float, default=0.1, help="test share of the hash split (default 0.1)")
+    common(rdf)
+    rdf.set_defaults(func=_rdf)

@@ -1,6 +1,6 @@
 """Importers: turn a source's files into the store's four tables and write them with ``write_dataset``.
 
-One module per source (``stark``, ``metaqa``, ``triples``); this module holds what they share: strict
+One module per source (``stark``, ``metaqa``, ``triples``, ``rdf``); this module holds what they share: strict
 UTF-8 reading that names the file and line of a bad byte, a stable string hash for deterministic
 splits, and string -> id lookups over Arrow arrays.
 """
