@@ -4,6 +4,7 @@ The library is split by concept into layers; a package imports only those below 
 import-linter contracts in pyproject.toml; docs/architecture.md):
 
 - ``cli``: the ``seeder`` command, one module per subcommand;
+- ``integrations``: LangChain, LlamaIndex and MCP adapters (optional extras);
 - ``evaluation``: ``seeder evaluate``, ``seeder benchmark``;
 - ``training``: the one training loop and the sweep trial;
 - ``tracking``: MLflow runs, the logged model and the registry;

@@ -6,12 +6,12 @@ import argparse
 import importlib.metadata
 import sys
 
-from seeder.cli import benchmark, config, evaluate, imports, info, questions, retrieve, serve, synth, ui
+from seeder.cli import benchmark, config, evaluate, imports, info, mcp, questions, retrieve, serve, synth, ui
 from seeder.cli.arguments import Parser
 from seeder.config import ConfigError
 from seeder.system.io import DataError
 
-COMMANDS = [info, config, imports, synth, questions, evaluate, benchmark, retrieve, serve, ui]
+COMMANDS = [info, config, imports, synth, questions, evaluate, benchmark, retrieve, serve, mcp, ui]
 """In the order ``seeder --help`` lists them."""
 
 
