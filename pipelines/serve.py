@@ -44,6 +44,14 @@ os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
 os.environ.setdefault("RAY_SERVE_ENABLE_DIRECT_INGRESS", "0")
 
 APP_NAME = "seeder"
+BOARD = "seeder-serve-versions"
+"""The named Ray actor (``VersionBoard``) through which the admin route tells every replica which
+artifacts to answer from, and each replica says which it answers from."""
+BOARD_NAMESPACE = "seeder"
+WATCH_S = 0.25
+"""How often a replica looks at the board for a new artifacts location."""
+SWITCH_TIMEOUT_S = 600.0
+"""How long the admin route waits for every replica to answer from the new artifacts."""
 
 
 class BadRequest(ValueError):
@@ -168,6 +176,28 @@ def answer_on_the_replica(host: str, port: int) -> int:
     return proxy_port
 
 
+class VersionBoard:
+    """Which artifacts the service should answer from (``target``) and which each replica answers from
+    (``current``: replica id -> (artifacts, dataset version, error or None)). A Ray actor, named ``BOARD``:
+    the driver's admin route writes the target, the replicas read it and report."""
+
+    def __init__(self, artifacts: str | None):
+        self._target = artifacts
+        self._current: dict[str, tuple[str | None, str, str | None]] = {}
+
+    def target(self) -> str | None:
+        return self._target
+
+    def set_target(self, artifacts: str) -> None:
+        self._target = artifacts
+
+    def report(self, replica: str, artifacts: str | None, version: str, error: str | None = None) -> None:
+        self._current[replica] = (artifacts, version, error)
+
+    def current(self) -> dict[str, tuple[str | None, str, str | None]]:
+        return dict(self._current)
+
+
 def build_app(
     model: str,
     artifacts: str | None,
@@ -210,13 +240,50 @@ def build_app(
             )
             self.max_k = self.retriever.ranking_length
             self.retriever.warm_up()  # encoder, name and graph indexes, compiled graphs: all before traffic
+            self.location = artifacts
+
+        async def reconfigure(self, _config: dict) -> None:
+            # Serve calls this once the replica is up, on its event loop: the watch of the board runs there.
+            import asyncio
+
+            import ray
+
+            self.board = ray.get_actor(BOARD, namespace=BOARD_NAMESPACE)
+            self.replica_id = ray.get_runtime_context().get_actor_id()
+            await self.board.report.remote(self.replica_id, self.location, self.retriever.dataset_version)
+            self.watch = asyncio.get_running_loop().create_task(self.watch_board())
+
+        async def watch_board(self) -> None:
+            """Switch to the board's target artifacts when it changes: the new retriever is built and
+            warmed in a thread while this one keeps answering; a request holds the retriever it started
+            with, so requests in flight finish on the old version and none waits for the switch."""
+            import asyncio
+
+            while True:
+                target = await self.board.target.remote()
+                if target != self.location:
+                    try:
+                        new = await asyncio.to_thread(self.switched, target)
+                    except Exception as exc:  # the old version keeps answering; the admin route reports it
+                        await self.board.report.remote(self.replica_id, target, "", f"{type(exc).__name__}: {exc}")
+                        self.location = target
+                    else:
+                        self.retriever, self.location = new, target
+                        await self.board.report.remote(self.replica_id, target, new.dataset_version)
+                await asyncio.sleep(WATCH_S)
+
+        def switched(self, target: str):
+            new = self.retriever.reload(target)
+            new.warm_up()
+            return new
 
         @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_ms / 1000)
         async def rank(self, requests: list[tuple[list[str], int]]) -> list[list[dict[str, Any]]]:
             # One batched pass over the questions of every request that arrived together, each with its k
             # (so a request's triples are those among its own top k).
             flat = [q for questions, _ in requests for q in questions]
-            hits = self.retriever.retrieve(flat, k=[k for questions, k in requests for _ in questions])
+            retriever = self.retriever  # one version for the whole batch, even if a switch lands meanwhile
+            hits = retriever.retrieve(flat, k=[k for questions, k in requests for _ in questions])
             out, start = [], 0
             for questions, _ in requests:
                 out.append([h.to_dict() for h in hits[start : start + len(questions)]])
@@ -246,7 +313,74 @@ def build_app(
                 return JSONResponse({"results": [h.to_dict() for h in hits]})
             return JSONResponse({"results": await self.rank((questions, k))})
 
-    return SeederRetriever.bind()
+    return SeederRetriever.options(user_config={}).bind()  # a user_config, so that Serve calls reconfigure
+
+
+def start_admin(port: int, board, info, model: str, replicas: int):
+    """The admin route, on 127.0.0.1 only, in a thread of the driver: ``POST /reload`` with
+    ``{"artifacts": LOCATION}`` checks that the model can run on those artifacts (``check_compatible``:
+    an update of its graph or another graph in its feature space), puts them on the board and answers
+    once every replica answers from them: 200 with the dataset version, 400 when the model cannot run
+    on them, 500 with a replica's error (that replica keeps the old version). ``GET /versions`` shows the
+    board."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import ray
+
+    from seeder.preprocessing.artifacts import open_artifacts
+    from seeder.serving.retriever import check_compatible
+
+    switching = threading.Lock()  # one switch at a time
+
+    class Admin(BaseHTTPRequestHandler):
+        def reply(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path != "/versions":
+                return self.reply(404, {"error": "GET /versions or POST /reload"})
+            board_target, current = ray.get([board.target.remote(), board.current.remote()])
+            self.reply(200, {"target": board_target, "replicas": {r: list(v) for r, v in current.items()}})
+
+        def do_POST(self):
+            if self.path != "/reload":
+                return self.reply(404, {"error": "GET /versions or POST /reload"})
+            try:
+                data = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+                location = data["artifacts"]
+                if not isinstance(location, str) or not location:
+                    raise KeyError
+            except (ValueError, KeyError, TypeError):
+                return self.reply(400, {"error": 'POST /reload with a JSON body {"artifacts": "LOCATION"}'})
+            with switching:
+                try:
+                    check_compatible(info, open_artifacts(location), model)
+                except DataError as exc:
+                    return self.reply(400, {"error": str(exc)})
+                ray.get(board.set_target.remote(location))
+                deadline = time.monotonic() + SWITCH_TIMEOUT_S
+                while time.monotonic() < deadline:
+                    reports = [v for v in ray.get(board.current.remote()).values() if v[0] == location]
+                    failed = [v[2] for v in reports if v[2]]
+                    if failed:
+                        return self.reply(500, {"error": f"a replica could not switch: {failed[0]}; it answers as before"})
+                    if len(reports) >= replicas:
+                        return self.reply(200, {"artifacts": location, "dataset": reports[0][1], "replicas": len(reports)})
+                    time.sleep(WATCH_S)
+                self.reply(504, {"error": f"the replicas did not switch within {SWITCH_TIMEOUT_S:.0f} s"})
+
+        def log_message(self, *args) -> None:  # no access log on the terminal
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Admin)
+    threading.Thread(target=server.serve_forever, name="seeder-serve-admin", daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,6 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_encoder_precision_argument(parser, defaults_shown=True)
     add_compile_argument(parser)
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        help='loopback port of the admin route: POST /reload with {"artifacts": LOCATION} switches every '
+        "replica to other artifacts (an updated version of the graph) without dropping a request; GET "
+        "/versions shows which each answers from (off unless given; always 127.0.0.1)",
+    )
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)  # tests and benchmarks: written once the app answers
     args = parser.parse_args(argv)
     if min(args.replicas, args.max_batch_size, args.max_questions) < 1 or args.batch_wait_ms < 0:
@@ -299,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     from seeder.policy.checkpoint import load_model, locate
 
     try:
-        load_model(locate(args.model))  # a missing or broken model fails here, before Ray starts
+        _, info = load_model(locate(args.model))  # a missing or broken model fails here, before Ray starts
     except DataError as exc:
         print(f"seeder serve: error: {exc}", file=sys.stderr)
         return 2
@@ -314,9 +455,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"seeder serve: error: {exc}", file=sys.stderr)
             return 2
+    import ray
     from ray import serve
 
     start_ray(args.ray_address, who="serve")
+    board = (
+        ray.remote(VersionBoard)
+        .options(name=BOARD, namespace=BOARD_NAMESPACE, num_cpus=0, get_if_exists=True)
+        .remote(args.artifacts)
+    )
     serve.start(proxy_location=args.proxy_location, http_options={"host": args.host, "port": proxy_port})
     app = build_app(
         args.model,
@@ -333,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         loopback_only=loopback_only,
     )
     serve.run(app, name=APP_NAME, route_prefix="/")
+    if args.admin_port is not None:
+        start_admin(args.admin_port, board, info, args.model, args.replicas)
+        print(f"admin route: http://127.0.0.1:{args.admin_port}/reload (POST), /versions (GET)", flush=True)
     print(f"serving {args.model} at http://{args.host}:{args.port}/ ({args.replicas} replica(s)); Ctrl-C stops it", flush=True)
     if args.ready_file:
         with open(args.ready_file, "w") as handle:
