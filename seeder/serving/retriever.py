@@ -34,6 +34,7 @@ from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_pla
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
+from seeder.serving.explain import expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
 
@@ -93,9 +94,29 @@ class RetrievedNode:
     type: str
     score: float
     step: int  # 0 seed, t + 1 added at expansion step t, -1 outside the retrieved set
+    # From a seed to this node along the expansion (``seeder.serving.explain``): hops of
+    # (from, relation, "forward" or "inverse", to), seed first; empty for a seed or outside the set.
+    path: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "id": self.id, "name": self.name, "type": self.type, "score": self.score, "step": self.step}
+        return {
+            "rank": self.rank,
+            "id": self.id,
+            "name": self.name,
+            "type": self.type,
+            "score": self.score,
+            "step": self.step,
+            "path": [list(hop) for hop in self.path],
+        }
+
+    def path_text(self) -> str:
+        """The path as one line, e.g. ``Kismet -directed_by-> William Dieterle <-directed_by- The Story``."""
+        if not self.path:
+            return self.name
+        text = self.path[0][0]
+        for _, relation, direction, to in self.path:
+            text += f" -{relation}-> {to}" if direction == "forward" else f" <-{relation}- {to}"
+        return text
 
 
 @dataclass
@@ -117,11 +138,14 @@ class Hits:
             "triples": [list(t) for t in self.triples],
         }
 
-    def to_prompt(self, max_triples: int = 50) -> str:
-        """The retrieved subgraph as plain text for an LLM prompt: the question, the nodes best first,
-        then the triples among them."""
+    def to_prompt(self, max_triples: int = 50, paths: bool = False) -> str:
+        """The retrieved subgraph as plain text for an LLM prompt: the question, the nodes best first
+        (with ``paths``, each with the path that joins it to a seed), then the triples among them."""
         lines = [f"Question: {self.question}", "", "Retrieved entities (best first):"]
-        lines += [f"{n.rank}. {n.name} ({n.type})" if n.type else f"{n.rank}. {n.name}" for n in self.nodes]
+        for n in self.nodes:
+            lines.append(f"{n.rank}. {n.name} ({n.type})" if n.type else f"{n.rank}. {n.name}")
+            if paths and n.path:
+                lines.append(f"   via {n.path_text()}")
         if self.triples:
             lines += ["", "Facts among them (head | relation | tail):"]
             lines += [f"{h} | {r} | {t}" for h, r, t in self.triples[:max_triples]]
@@ -501,15 +525,28 @@ class Retriever:
         question, rank = np.nonzero(shown)
         ids = result.ranking[question, rank]
         triple_ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
+        hop_from, hop_rel, hop_along, hop_to = (a[question, rank] for a in expansion_paths(subgraphs, result.ranking, steps))
+        paths = [
+            [
+                (str(names[f]), str(relation_names[r]), "forward" if forward else "inverse", str(names[t]))
+                for f, r, forward, t in zip(fr, rr, al, to)
+                if f >= 0
+            ]
+            for fr, rr, al, to in zip(hop_from.tolist(), hop_rel.tolist(), hop_along.tolist(), hop_to.tolist())
+        ]
         triples = [
             (str(names[h]), str(relation_names[r]), str(names[t]))
             for h, r, t in zip(heads.tolist(), relations.tolist(), tails.tolist())
         ]
         node_ptr = np.searchsorted(question, np.arange(len(questions) + 1))
         nodes = [
-            RetrievedNode(rank=r, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step)
-            for r, node, score, step in zip(
-                position[question, rank].tolist(), ids.tolist(), scores[question, rank].tolist(), steps[question, rank].tolist()
+            RetrievedNode(rank=r, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step, path=path)
+            for r, node, score, step, path in zip(
+                position[question, rank].tolist(),
+                ids.tolist(),
+                scores[question, rank].tolist(),
+                steps[question, rank].tolist(),
+                paths,
             )
         ]
         return [

@@ -533,3 +533,41 @@ def test_filters_keep_the_ranking_of_the_nodes_they_let_through(tmp_path, capsys
     assert shown["nodes"] and {n["type"] for n in shown["nodes"]} == {"entity"}
     assert main(["retrieve", "--model", str(model), questions[0], "--where", "colour"]) == 2
     assert "--where 'colour': write COLUMN=VALUE" in capsys.readouterr().err
+
+
+def test_every_retrieved_node_comes_with_a_path_of_graph_edges_from_a_seed(tmp_path):
+    """``RetrievedNode.path``: for every node of the retrieved set, hops from one of its question's seeds
+    that chain up to the node, each an edge of the graph in the direction it names, no longer than the
+    node's expansion step; a seed's path and that of a node outside the set are empty."""
+    from seeder import Retriever
+
+    _, model, questions = hand_built_artifacts(tmp_path, "dense")
+    retriever = Retriever.load(model)
+    kg = retriever.artifacts.dataset
+    names = np.array(kg.nodes.column("name").to_pylist(), dtype=object)
+    relations = np.array(kg.relation_names, dtype=object)
+    edges = kg.table("edges")
+    facts = set(
+        zip(
+            names[edges.column("src").to_numpy()],
+            relations[edges.column("relation").to_numpy()],
+            names[edges.column("dst").to_numpy()],
+        )
+    )
+    expanded = 0
+    for hits in retriever.retrieve(questions, k=60):
+        seeds = {n.name for n in hits.nodes if n.step == 0}
+        for node in hits.nodes:
+            if node.step <= 0:
+                assert node.path == []
+                continue
+            expanded += 1
+            assert 1 <= len(node.path) <= node.step and node.path[0][0] in seeds and node.path[-1][3] == node.name
+            assert all(a[3] == b[0] for a, b in zip(node.path, node.path[1:]))
+            for origin, relation, direction, to in node.path:
+                assert (origin, relation, to) in facts if direction == "forward" else (to, relation, origin) in facts
+    assert expanded > len(questions)
+    hits = retriever.retrieve(questions[:1], k=60)[0]
+    walked = next(n for n in hits.nodes if n.path)
+    assert f"via {walked.path_text()}" in hits.to_prompt(paths=True) and "via" not in hits.to_prompt()
+    assert hits.to_dict()["nodes"][hits.nodes.index(walked)]["path"] == [list(h) for h in walked.path]

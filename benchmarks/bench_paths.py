@@ -1,0 +1,98 @@
+"""Do the retrieved nodes' paths hold, and do they read like the question? On a split's question texts:
+
+    python benchmarks/bench_paths.py --model runs/metaqa/model/model [--split val] [--questions 1000]
+
+1. every hop of every retrieved node's path (``RetrievedNode.path``) is checked against the graph's
+   edges: the share of paths whose every hop is an edge, in the direction the hop names;
+2. for answers at rank 1, whether the path's relations (with their directions) are the question type's
+   relation path, where a type's path is the golden relation path (``seeder.retrieve.paths``) that the
+   most training questions of that type have as their most precise one (needs artifacts built with
+   ``expand.relation_score: learned``, which keep the golden paths, and a question-type attribute,
+   ``--by``, e.g. MetaQA's ``qtype``).
+
+Figures only, nothing asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory, runs:/ID/model or models:/NAME@ALIAS")
+    parser.add_argument("--artifacts", help="artifacts (default: the model's)")
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--questions", type=int, default=1000, help="questions of the split (a seeded sample)")
+    parser.add_argument("--by", default="qtype", help="the question-type attribute")
+    parser.add_argument("-k", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    from seeder import Retriever
+    from seeder.retrieve.paths import decode
+
+    retriever = Retriever.load(args.model, artifacts=args.artifacts)
+    kg = retriever.artifacts.dataset
+    names = np.array(kg.nodes.column("name").to_pylist(), dtype=object)
+    relation_names = list(kg.relation_names)
+    num_relations = len(relation_names)
+    edges = kg.table("edges")
+    facts = set(
+        zip(
+            names[edges.column("src").to_numpy()].tolist(),
+            np.array(relation_names, dtype=object)[edges.column("relation").to_numpy()].tolist(),
+            names[edges.column("dst").to_numpy()].tolist(),
+        )
+    )
+    queries = kg.queries_of(args.split)
+    rows = np.sort(np.random.default_rng(0).permutation(queries.num_rows)[: args.questions])
+    sample = queries.take(rows)
+    hits = retriever.retrieve(sample.column("text").to_pylist(), k=args.k)
+
+    checked = held = 0
+    for h in hits:
+        for node in h.nodes:
+            if node.path:
+                checked += 1
+                held += all((a, r, b) in facts if d == "forward" else (b, r, a) in facts for a, r, d, b in node.path)
+    print(f"paths checked edge by edge: {checked:,}; every hop an edge of the graph: {held:,} ({held / max(checked, 1):.4f})")
+
+    if args.by not in queries.column_names or "paths" not in retriever.artifacts.manifest.get("stages", {}):
+        print(f"no type paths: the split has no {args.by!r} attribute or the artifacts keep no golden paths")
+        return 0
+    parts = sorted((Path(retriever.artifacts.path) / "paths").glob("part-*.parquet"))
+    golden = pa.concat_tables([pq.read_table(part) for part in parts])
+    train = kg.queries_of("train")
+    type_of = dict(zip(train.column("id").to_pylist(), train.column(args.by).to_pylist()))
+    best = golden.sort_by([("query_id", "ascending"), ("hits", "descending"), ("reached", "ascending")])
+    first = np.r_[True, np.diff(best.column("query_id").to_numpy()) != 0]
+    per_type: dict[str, Counter] = {}
+    for qid, code in zip(
+        pc.filter(best.column("query_id"), first).to_pylist(), pc.filter(best.column("code"), first).to_pylist()
+    ):
+        if qid in type_of:
+            per_type.setdefault(type_of[qid], Counter())[code] += 1
+    type_path = {t: decode(c.most_common(1)[0][0], 2 * num_relations) for t, c in per_type.items()}
+
+    answers = sample.column("answers").to_pylist()
+    types = sample.column(args.by).to_pylist()
+    top, same = 0, 0
+    for h, wanted, kind in zip(hits, answers, types):
+        if not h.nodes or h.nodes[0].id not in set(wanted) or kind not in type_path:
+            continue
+        top += 1
+        ids = [relation_names.index(r) + (0 if d == "forward" else num_relations) for _, r, d, _ in h.nodes[0].path]
+        same += ids == type_path[kind]
+    print(f"answers at rank 1: {top:,}; path's relations equal the type's relation path: {same:,} ({same / max(top, 1):.4f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

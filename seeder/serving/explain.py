@@ -1,0 +1,82 @@
+"""Why a node was retrieved: the path of subgraph edges that joins it to a seed along the expansion.
+
+The policy grows the selected set step by step, each step adding nodes adjacent to the set so far
+(paper, Section 4), so every node of the retrieved set has an edge to a node selected at an earlier
+step. Following such edges back ends at a seed: that chain, read from the seed, is the node's path. Of
+several earlier neighbours, the one selected first is taken (the shortest way back), ties by the
+subgraph's edge order. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a path
+never names a fact the graph does not hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+
+
+def expansion_paths(subgraphs: SubgraphSet, ranking: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For every (question, rank) of ``ranking`` [Q, L] (global node ids, -1 padded) with ``steps`` [Q, L]
+    (0 for a seed, t + 1 for a node added at expansion step t, -1 outside the retrieved set), the path
+    from a seed, as arrays [Q, L, D] over its D = max step hops, seed first, -1 padded:
+    (from node, relation, forward, to node). ``forward`` is True where the hop follows the relation
+    (from -relation-> to) and False where it goes against it (to -relation-> from). A seed's path is
+    empty; so is that of a node outside the retrieved set."""
+    num_q, width = ranking.shape
+    depth = int(max(steps.max(initial=0), 0))
+    empty = np.full((num_q, width, depth), -1, dtype=np.int64)
+    if depth == 0 or len(subgraphs.nodes) == 0:
+        return empty, empty.copy(), np.zeros_like(empty, dtype=bool), empty.copy()
+
+    # The step of every subgraph node (flat, local): that of its rank where it is in the retrieved set.
+    span = int(max(subgraphs.nodes.max(initial=0), ranking.max(initial=0))) + 1
+    node_query = segment_ids(subgraphs.node_ptr)
+    keys = node_query * span + subgraphs.nodes
+    order = np.argsort(keys, kind="stable")
+    ranked = (ranking >= 0) & (steps >= 0)
+    found, pos = sorted_lookup(keys[order], np.arange(num_q)[:, None] * span + np.maximum(ranking, 0))
+    found &= ranked
+    local = np.where(found, order[pos], -1)  # [Q, L] flat subgraph position of each ranked node
+    step = np.full(len(subgraphs.nodes), -1, dtype=np.int64)
+    step[local[found]] = steps[found]
+
+    # Candidate parent edges: an edge whose one end was selected before the other.
+    edge_query = segment_ids(subgraphs.edge_ptr)
+    head = subgraphs.node_ptr[edge_query] + subgraphs.edge_src
+    tail = subgraphs.node_ptr[edge_query] + subgraphs.edge_dst
+    forward = (step[head] >= 0) & (step[tail] > step[head])
+    backward = (step[tail] >= 0) & (step[head] > step[tail])
+    child = np.concatenate([tail[forward], head[backward]])
+    parent = np.concatenate([head[forward], tail[backward]])
+    relation = np.concatenate([subgraphs.edge_rel[forward], subgraphs.edge_rel[backward]]).astype(np.int64)
+    along = np.concatenate([np.ones(forward.sum(), bool), np.zeros(backward.sum(), bool)])
+    edge_index = np.concatenate([np.flatnonzero(forward), np.flatnonzero(backward)])
+    # Per child: the parent selected first, then the first edge.
+    best = np.lexsort((edge_index, step[parent], child))
+    first = best[np.r_[True, child[best][1:] != child[best][:-1]]] if len(best) else best
+    parent_of = np.full(len(step), -1, dtype=np.int64)
+    relation_of = np.full(len(step), -1, dtype=np.int64)
+    along_of = np.zeros(len(step), dtype=bool)
+    parent_of[child[first]], relation_of[child[first]], along_of[child[first]] = parent[first], relation[first], along[first]
+
+    # Walk back from every ranked node, one hop per step; hops fill from the end (the seed's end first).
+    hops_from, hops_rel, hops_along, hops_to = empty.copy(), empty.copy(), np.zeros_like(empty, dtype=bool), empty.copy()
+    at = root = np.where(found, local, -1)
+    chain = []
+    for _ in range(depth):  # steps strictly decrease along a walk: at most ``depth`` hops
+        up = np.where(at >= 0, parent_of[np.maximum(at, 0)], -1)
+        chain.append((up, np.where(at >= 0, relation_of[np.maximum(at, 0)], -1), along_of[np.maximum(at, 0)] & (at >= 0), at))
+        root = np.where(up >= 0, up, root)
+        at = up
+    length = sum((up >= 0).astype(np.int64) for up, _, _, _ in chain)  # hops back to the walk's end
+    reaches_seed = (root >= 0) & (step[np.maximum(root, 0)] == 0)
+    for back, (up, rel, fwd, to) in enumerate(chain):
+        slot = length - 1 - back  # the walk's hop `back` from the node is the path's hop `slot` from the seed
+        keep = (up >= 0) & (slot >= 0) & reaches_seed
+        q, r = np.nonzero(keep)
+        s = slot[q, r]
+        hops_from[q, r, s] = subgraphs.nodes[up[q, r]]
+        hops_rel[q, r, s] = rel[q, r]
+        hops_along[q, r, s] = fwd[q, r]
+        hops_to[q, r, s] = subgraphs.nodes[to[q, r]]
+    return hops_from, hops_rel, hops_along, hops_to
