@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seeder.config import SeederConfig
+from seeder.data.store import REMOVED_TYPE
 from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
@@ -320,6 +321,13 @@ class Retriever:
         return np.array(features) if features.nbytes <= IN_MEMORY_FEATURES else features
 
     @cached_property
+    def live_nodes(self) -> np.ndarray | None:
+        """False for the placeholders of nodes an update removed, or None when there are none."""
+        removed = pc.fill_null(pc.equal(self.artifacts.dataset.nodes.column("type"), REMOVED_TYPE), False)
+        removed = removed.to_numpy(zero_copy_only=False)
+        return ~removed if removed.any() else None
+
+    @cached_property
     def node_table(self):
         nodes = self.artifacts.dataset.nodes
         return nodes.column("name").to_pylist(), nodes.column("type").to_pylist()
@@ -450,13 +458,14 @@ class Retriever:
 
     def node_filter(self, types: list[str] | None = None, where: dict[str, Any] | None = None) -> np.ndarray | None:
         """Which nodes a filtered call shows (bool per node), or None without a filter. Built once per
-        filter and kept (``FILTERS_KEPT`` of them): a call then pays one gather over its rankings."""
+        filter and kept (``FILTERS_KEPT`` of them): a call then pays one gather over its rankings. Nodes
+        an update removed (``seeder.data.update``: they keep their ids as placeholders) are never shown."""
         if not types and not where:
-            return None
+            return self.live_nodes
         key = (tuple(sorted(types or ())), tuple(sorted((c, str(v)) for c, v in (where or {}).items())))
         if key not in self._filters:
             nodes = self.artifacts.dataset.nodes
-            keep = np.ones(nodes.num_rows, dtype=bool)
+            keep = np.ones(nodes.num_rows, dtype=bool) if self.live_nodes is None else self.live_nodes.copy()
             for column, wanted in ([("type", list(types))] if types else []) + list((where or {}).items()):
                 if column not in nodes.column_names:
                     raise DataError(
@@ -493,7 +502,7 @@ class Retriever:
 
     def _build_indexes(self) -> None:
         """Everything a question needs that is built on first use."""
-        _ = self.encoder, self.pca, self.node_features, self.graph, self.prior, self.node_table
+        _ = self.encoder, self.pca, self.node_features, self.graph, self.prior, self.node_table, self.live_nodes
         if self.config.seed.strategy in ("entity", "dense+entity"):
             _ = self.linker
 

@@ -465,7 +465,9 @@ def test_reload_switches_to_an_updated_version_and_the_old_retriever_keeps_its_o
     changes.write_text(
         "head\trelation\ttail\top\nentity alpha\trelation a\tentity omega\tadd\nentity beta\trelation b\tentity psi\tadd\n"
     )
-    update_dataset(parent, tmp_path / "v2" / "dataset", triples_path=changes)
+    removed = tmp_path / "nodes.csv"
+    removed.write_text("id,text,type,op\nplace 5,,,remove\n")  # its id stays, as a placeholder never shown
+    update_dataset(parent, tmp_path / "v2" / "dataset", triples_path=changes, nodes_path=removed)
     updated = preprocess_by_hand(tmp_path / "v2" / "dataset", tmp_path / "v2" / "artifacts", load_model(model)[1].config)
     v1, v2 = open_dataset(parent).fingerprint, open_dataset(tmp_path / "v2" / "dataset").fingerprint
     assert open_dataset(tmp_path / "v2" / "dataset").lineage == [v1]
@@ -482,6 +484,9 @@ def test_reload_switches_to_an_updated_version_and_the_old_retriever_keeps_its_o
     assert not added & {t for h in before for t in h.triples}
     assert added & {t for h in after for t in h.triples}  # the new edges are in the new version's subgraphs
     assert old.retrieve(questions[:1], k=5)[0].dataset == v1  # the old one is untouched by the switch
+    assert "place 5" in {n.name for h in before for n in h.nodes}
+    assert {n.name for h in after for n in h.nodes} & {"place 5", "(removed)"} == set()
+    assert int((~new.live_nodes).sum()) == 1 and old.live_nodes is None
 
 
 def test_reload_refuses_another_pca_space_and_names_the_way_out(tmp_path):
