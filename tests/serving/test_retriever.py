@@ -149,9 +149,9 @@ def test_a_large_call_is_answered_in_parts_side_by_side_each_on_one_torch_thread
     answer = retriever._answer
     parts = []
 
-    def recorded(questions, ks, topics):
+    def recorded(questions, ks, topics, keep=None):
         parts.append((threading.current_thread().name, torch.get_num_threads(), list(questions)))
-        return answer(questions, ks, topics)
+        return answer(questions, ks, topics, keep)
 
     monkeypatch.setattr(retriever, "_answer", recorded)
     before = torch.get_num_threads()
