@@ -29,27 +29,8 @@ def _stark(args: argparse.Namespace) -> int:
 
 
 def _triples(args: argparse.Namespace) -> int:
-    if args.update is not None:
-        update_dataset(
-            args.update,
-            args.out,
-            triples_path=args.triples,
-            nodes_path=args.nodes,
-            queries_path=args.queries,
-            head_col=args.head_col,
-            relation_col=args.relation_col,
-            tail_col=args.tail_col,
-            no_header=args.no_header,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction,
-            overwrite=args.overwrite,
-        )
-        return 0
-    if args.triples is None:
-        raise DataError("--triples is required: the triples file to import (with --update DATASET, the triples to change)")
-    import_triples(
-        args.triples,
-        args.out,
+    # An update reads its change set with the import's own options.
+    options = dict(
         nodes_path=args.nodes,
         queries_path=args.queries,
         head_col=args.head_col,
@@ -60,6 +41,12 @@ def _triples(args: argparse.Namespace) -> int:
         test_fraction=args.test_fraction,
         overwrite=args.overwrite,
     )
+    if args.update is not None:
+        update_dataset(args.update, args.out, triples_path=args.triples, **options)
+        return 0
+    if args.triples is None:
+        raise DataError("--triples is required: the triples file to import (with --update DATASET, the triples to change)")
+    import_triples(args.triples, args.out, **options)
     return 0
 
 
