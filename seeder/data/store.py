@@ -6,6 +6,7 @@ Layout of a dataset directory::
     nodes.parquet          id int64 (0..N-1), type string, name string, text string
     relations.parquet      id int32 (0..R-1), name string, text string, inverse_text string
     edges.parquet          src int64, dst int64, relation int32
+                           [+ source_file int32, source_row int64: where each triple came from]
     queries.parquet        id int64, text string, answers list<int64>, split string, + attributes
     adjacency/             CSR over both directions, memory-mapped by every reader:
         indptr.npy         int64 [N+1]
@@ -39,6 +40,11 @@ SPLITS = ("train", "val", "test")
 NODE_SCHEMA = pa.schema([("id", pa.int64()), ("type", pa.string()), ("name", pa.string()), ("text", pa.string())])
 RELATION_SCHEMA = pa.schema([("id", pa.int32()), ("name", pa.string()), ("text", pa.string()), ("inverse_text", pa.string())])
 EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("relation", pa.int32())])
+# Provenance (``seeder.data.provenance``), optional: the input file each triple came from, as an index
+# into the manifest's ``edge_sources``, and its row there (a line, a table row or an RDF statement).
+EDGE_SOURCE_SCHEMA = pa.schema([("source_file", pa.int32()), ("source_row", pa.int64())])
+# Optional on nodes and relations: the IRI an RDF import took each from.
+IRI_FIELD = pa.field("iri", pa.string())
 QUERY_BASE_SCHEMA = pa.schema(
     [("id", pa.int64()), ("text", pa.string()), ("answers", pa.list_(pa.int64())), ("split", pa.string())]
 )
@@ -81,6 +87,17 @@ def _check_columns(table: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
     return table
 
 
+def _with_optional(table: pa.Table, schema: pa.Schema, optional: pa.Schema, name: str) -> pa.Table:
+    """The schema's columns, then those optional columns that the table has (all of them or none)."""
+    present = [f.name for f in optional if f.name in table.column_names]
+    if present and len(present) != len(optional):
+        missing = [f.name for f in optional if f.name not in present]
+        raise DataError(f"{name}: has {', '.join(present)} but not {', '.join(missing)}; give all of them or none")
+    if present:
+        schema = pa.schema([*schema, *optional])
+    return _check_columns(table, schema, name).select(schema.names)
+
+
 def _check_text(table: pa.Table, column: str, name: str, id_column: str = "id") -> None:
     col = table.column(column)
     bad = pc.or_(pc.is_null(col), pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col.fill_null(""))), 0))
@@ -99,9 +116,9 @@ def validate_tables(
 
     Raises DataError naming the table, the offending ids (a count and the first few) and the fix.
     """
-    nodes = _check_columns(nodes, NODE_SCHEMA, "nodes").select(NODE_SCHEMA.names)
-    relations = _check_columns(relations, RELATION_SCHEMA, "relations").select(RELATION_SCHEMA.names)
-    edges = _check_columns(edges, EDGE_SCHEMA, "edges").select(EDGE_SCHEMA.names)
+    nodes = _with_optional(nodes, NODE_SCHEMA, pa.schema([IRI_FIELD]), "nodes")
+    relations = _with_optional(relations, RELATION_SCHEMA, pa.schema([IRI_FIELD]), "relations")
+    edges = _with_optional(edges, EDGE_SCHEMA, EDGE_SOURCE_SCHEMA, "edges")
     queries = _check_columns(queries, QUERY_BASE_SCHEMA, "queries")
 
     n = nodes.num_rows
@@ -205,15 +222,26 @@ def write_dataset(
     source: dict[str, Any] | None = None,
     overwrite: bool = False,
     extra: dict[str, Any] | None = None,
+    edge_sources: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Validate and write a dataset directory atomically (a failed write leaves no complete dataset).
 
     ``extra``: further top-level manifest entries, such as an update's ``parent`` and ``change``.
+    ``edge_sources``: the input files that the edges' ``source_file`` column indexes (required with that
+    column), each ``{"file", "unit"}`` and, for a file an earlier version read, that version's ``dataset``.
     """
-    clash = set(extra or {}) & {"kind", "schema_version", "created", "source", "counts", "query_attributes", "fingerprints"}
+    own = {"kind", "schema_version", "created", "source", "counts", "query_attributes", "fingerprints", "edge_sources"}
+    clash = set(extra or {}) & own
     if clash:
         raise ValueError(f"write_dataset: extra manifest entries {sorted(clash)} would replace the store's own")
     nodes, relations, edges, queries = validate_tables(nodes, relations, edges, queries)
+    if "source_file" in edges.column_names:
+        file_index = edges.column("source_file").to_numpy()
+        bad = (file_index < 0) | (file_index >= len(edge_sources or []))
+        if bad.any():
+            raise ValueError(
+                f"write_dataset: {int(bad.sum())} edges name a source_file outside the {len(edge_sources or [])} edge_sources"
+            )
     out = Path(out)
     with atomic_directory(out, overwrite=overwrite) as tmp:
         for name, table in (("nodes", nodes), ("relations", relations), ("edges", edges), ("queries", queries)):
@@ -243,6 +271,7 @@ def write_dataset(
             },
             "query_attributes": [c for c in queries.column_names if c not in QUERY_BASE_SCHEMA.names],
             "fingerprints": {f: fingerprint_file(tmp / f) for f in files},
+            **({"edge_sources": edge_sources} if "source_file" in edges.column_names else {}),
             **(extra or {}),
         }
         write_manifest(tmp, manifest)

@@ -41,6 +41,7 @@ from seeder.data.importers.triples import (
     read_triples,
     relation_table,
     resolve_queries,
+    source_location,
 )
 from seeder.data.store import REMOVED_TYPE, KnowledgeGraph, open_dataset, write_dataset
 from seeder.system.io import DataError, fingerprint_file, writes_output
@@ -73,6 +74,7 @@ class Change:
     queries: pa.Table
     counts: dict[str, int]
     inputs: dict[str, str]
+    edge_sources: list[dict[str, Any]]  # what the edges' ``source_file`` indexes (``seeder.data.provenance``)
 
 
 def _is_add(ops: pa.Array, path: Path, line: np.ndarray) -> np.ndarray:
@@ -225,13 +227,22 @@ def _change_edges(
     path: Path | None,
     read: dict[str, Any],
     counts: dict[str, int],
-) -> tuple[pa.Table, pa.Table]:
+) -> tuple[pa.Table, pa.Table, list[dict[str, Any]]]:
     """The relations and edges after a triples file (``read``: ``read_triples``' column options) and the
-    nodes' removal: a removed node's edges go with it."""
+    nodes' removal (a removed node's edges go with it), and the edges' ``edge_sources``."""
     relations = parent.relations
     edges = parent.table("edges")
     p_src, p_dst = edges.column("src").to_numpy(), edges.column("dst").to_numpy()
     p_rel = edges.column("relation").to_numpy()
+    # Provenance: the parent's triples keep their source, read by the version that read it; a parent
+    # without one names its own edges table's rows.
+    if "source_file" in edges.column_names:
+        p_file, p_row = edges.column("source_file").to_numpy(), edges.column("source_row").to_numpy()
+        sources = [{**entry, "dataset": entry.get("dataset") or parent.fingerprint} for entry in parent.manifest["edge_sources"]]
+    else:
+        p_file, p_row = np.zeros(len(p_src), dtype=np.int32), np.arange(len(p_src), dtype=np.int64)
+        sources = [{"file": "edges.parquet", "unit": "row", "dataset": parent.fingerprint}]
+    c_file = c_row = np.zeros(0, dtype=np.int64)
     with_nodes = nodes.removes(p_src) | nodes.removes(p_dst)
     explicit = np.zeros(len(p_src), dtype=bool)  # parent edges the triples file removes
     src = dst = rel = np.zeros(0, dtype=np.int64)
@@ -279,6 +290,9 @@ def _change_edges(
                 )
         explicit = np.isin(p_code, c_code[~add])
         src, dst, rel = src[add], dst[add], rel[add]
+        entry, offset = source_location(path, first_line)
+        c_file, c_row = np.full(len(src), len(sources)), np.flatnonzero(add) + offset
+        sources.append(entry)
         counts.update(triples_added=int(add.sum()), triples_removed=int((~add).sum()), relations_added=fresh.num_rows)
     keep = ~(with_nodes | explicit)
     counts["edges_removed_with_nodes"] = int((with_nodes & ~explicit).sum())
@@ -287,9 +301,11 @@ def _change_edges(
             "src": pa.array(np.concatenate([p_src[keep], src]), pa.int64()),
             "dst": pa.array(np.concatenate([p_dst[keep], dst]), pa.int64()),
             "relation": pa.array(np.concatenate([p_rel[keep], rel]), pa.int32()),
+            "source_file": pa.array(np.concatenate([p_file[keep], c_file]), pa.int32()),
+            "source_row": pa.array(np.concatenate([p_row[keep], c_row]), pa.int64()),
         }
     )
-    return relations, edges
+    return relations, edges, sources
 
 
 def apply_changes(
@@ -317,11 +333,11 @@ def apply_changes(
     if paths[1] is not None:
         _change_nodes(state, parent, paths[1], counts)
     read = {"head_col": head_col, "relation_col": relation_col, "tail_col": tail_col, "no_header": no_header}
-    relations, edges = _change_edges(state, parent, paths[0], read, counts)
+    relations, edges, sources = _change_edges(state, parent, paths[0], read, counts)
     counts["nodes_added"] = len(state.new_keys)
     questions = _change_queries(parent, paths[2], state, val_fraction, test_fraction, counts)
     inputs = {p.name: fingerprint_file(p) for p in paths if p is not None}
-    return Change(state.table(), relations, edges, questions, counts, inputs)
+    return Change(state.table(), relations, edges, questions, counts, inputs, sources)
 
 
 def _change_queries(
@@ -490,6 +506,7 @@ def update_dataset(
         change.queries,
         source={"format": "update", "inputs": change.inputs},
         overwrite=overwrite,
+        edge_sources=change.edge_sources,
         extra={
             "parent": {"fingerprint": parent.fingerprint, "path": location},
             "lineage": [parent.fingerprint, *parent.lineage],

@@ -60,19 +60,21 @@ def node_text(name: str, text: str | None) -> str:
 def node_records(retriever: Retriever, hits: Hits) -> list[tuple[str, dict[str, Any]]]:
     """(text, metadata) of each retrieved node, best first. The text is ``node_text``; the metadata holds
     the node's ``rank``, ``id``, ``name``, ``type``, ``score`` and ``step`` (as in ``RetrievedNode``), the
-    ``dataset`` version that answered, and ``triples``: the ``[head, relation, tail]`` names among the
+    ``dataset`` version that answered, ``triples``: the ``[head, relation, tail]`` names among the
     retrieved nodes whose head or tail is this node's name (a name shared by two retrieved nodes gets the
-    triples of both)."""
+    triples of both), and ``provenance``: where each of those triples came from (``Hits.provenance``)."""
     if not hits.nodes:
         return []
     nodes = retriever.artifacts.dataset.nodes  # read once and kept by the dataset
     texts = nodes.column("text").take(pa.array([n.id for n in hits.nodes], pa.int64())).to_pylist()
     records = []
     for node, text in zip(hits.nodes, texts):
+        mine = [i for i, t in enumerate(hits.triples) if node.name in (t[0], t[2])]
         metadata = {
             **node.to_dict(),
             "dataset": hits.dataset,
-            "triples": [list(t) for t in hits.triples if node.name in (t[0], t[2])],
+            "triples": [list(hits.triples[i]) for i in mine],
+            "provenance": [hits.provenance[i] for i in mine] if hits.provenance else [],
         }
         records.append((node_text(node.name, text), metadata))
     return records

@@ -7,7 +7,7 @@
 One ``NodeWithScore`` per retrieved node, best first: a ``TextNode`` whose id is the graph node's id,
 whose text is its name and text, and whose metadata is that of ``seeder.integrations.node_records``, with
 the model's score. A query engine's LLM reads the name, the type and the triples from the metadata; the
-rank, id, score, step and dataset version stay out of what the LLM and an embedding model read.
+rank, id, score, step, dataset version and provenance stay out of what the LLM and an embedding model read.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ try:
 except ImportError as exc:  # an optional dependency: the extra names it
     raise missing_extra(__name__, "llamaindex", "llama-index-core", exc) from exc
 
-HIDDEN_METADATA = ["rank", "id", "score", "step", "dataset"]
+HIDDEN_METADATA = ["rank", "id", "score", "step", "dataset", "provenance"]
 """Metadata kept out of the text an LLM or an embedding model reads of a node: bookkeeping, not facts."""
 
 

@@ -11,7 +11,7 @@ FastMCP), which calls a plain function tool on a worker thread; calls take the r
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from seeder.integrations import ask, missing_extra
 from seeder.serving.retriever import Retriever
@@ -48,6 +48,10 @@ class Retrieved(BaseModel):
     dataset: str = Field(description="the version (fingerprint) of the graph that answered")
     nodes: list[Node] = Field(description="the retrieved nodes, best first")
     triples: list[tuple[str, str, str]] = Field(description="(head, relation, tail) facts among the retrieved nodes")
+    provenance: list[dict[str, Any]] = Field(
+        description="where each triple came from, in the same order: the graph version, the edge's row and, where "
+        "the import kept them, the input file, its line or row, and the RDF IRIs"
+    )
 
 
 def build_server(retriever: Retriever, log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING") -> MCPServer:
@@ -79,6 +83,7 @@ def build_server(retriever: Retriever, log_level: Literal["DEBUG", "INFO", "WARN
             dataset=hits.dataset,
             nodes=[Node(rank=n.rank, id=n.id, name=n.name, type=n.type, score=n.score) for n in hits.nodes],
             triples=hits.triples,
+            provenance=hits.provenance,
         )
 
     return server

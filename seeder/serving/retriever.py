@@ -5,6 +5,7 @@
     hits = r.retrieve(["what languages are the films directed by Joel Zwick in"], k=20)
     hits[0].nodes        # ranked ids, names, types, scores, the expansion step of each
     hits[0].triples      # edges among the retrieved nodes: (head, relation, tail) names
+    hits[0].provenance   # where each triple came from: dataset version, edge row, input file and row
     hits[0].to_prompt()  # plain text for an LLM prompt
 
 The model records the artifacts it was trained on (``seeder_model.json``), so the model alone is
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seeder.config import SeederConfig
+from seeder.data.provenance import EdgeIndex
 from seeder.data.store import REMOVED_TYPE
 from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
@@ -129,6 +131,9 @@ class Hits:
     triples: list[tuple[str, str, str]] = field(default_factory=list)
     set_size: int = 0  # nodes in the policy's final set (the first ``set_size`` ranks)
     dataset: str = ""  # fingerprint of the dataset version that answered (``Retriever.reload`` switches it)
+    # One per triple, in the same order (``seeder.data.provenance``): the dataset version, the edge's row
+    # and, where the import kept them, the input file, its row and the RDF IRIs.
+    provenance: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +142,7 @@ class Hits:
             "set_size": self.set_size,
             "nodes": [n.to_dict() for n in self.nodes],
             "triples": [list(t) for t in self.triples],
+            "provenance": self.provenance,
         }
 
     def to_prompt(self, max_triples: int = 50, paths: bool = False) -> str:
@@ -326,6 +332,10 @@ class Retriever:
         removed = pc.fill_null(pc.equal(self.artifacts.dataset.nodes.column("type"), REMOVED_TYPE), False)
         removed = removed.to_numpy(zero_copy_only=False)
         return ~removed if removed.any() else None
+
+    @cached_property
+    def edge_index(self) -> EdgeIndex:
+        return EdgeIndex(self.artifacts.dataset)
 
     @cached_property
     def node_table(self):
@@ -547,6 +557,7 @@ class Retriever:
             (str(names[h]), str(relation_names[r]), str(names[t]))
             for h, r, t in zip(heads.tolist(), relations.tolist(), tails.tolist())
         ]
+        provenance = self.edge_index.sources(heads, relations, tails)
         node_ptr = np.searchsorted(question, np.arange(len(questions) + 1))
         nodes = [
             RetrievedNode(rank=r, id=node, name=str(names[node]), type=str(types[node] or ""), score=score, step=step, path=path)
@@ -563,6 +574,7 @@ class Retriever:
                 question=text,
                 nodes=nodes[node_ptr[i] : node_ptr[i + 1]],
                 triples=triples[triple_ptr[i] : triple_ptr[i + 1]],
+                provenance=provenance[triple_ptr[i] : triple_ptr[i + 1]],
                 set_size=int(set_size[i]),
                 dataset=version,
             )

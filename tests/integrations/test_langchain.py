@@ -40,6 +40,8 @@ def test_documents_are_the_retrievers_nodes_best_first(retriever, questions):
             assert doc.metadata["dataset"] == hits.dataset == retriever.dataset_version != ""
             triples = [tuple(t) for t in doc.metadata["triples"]]
             assert triples == [t for t in hits.triples if node.name in (t[0], t[2])]
+            mine = [s for t, s in zip(hits.triples, hits.provenance) if node.name in (t[0], t[2])]
+            assert doc.metadata["provenance"] == mine and all(s["dataset"] == hits.dataset for s in mine)
         # Every triple among the retrieved nodes is in the metadata of its head and of its tail.
         assert {tuple(t) for d in docs for t in d.metadata["triples"]} == set(hits.triples)
 

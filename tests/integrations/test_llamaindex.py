@@ -47,7 +47,7 @@ def test_what_an_llm_reads_of_a_node(retriever, questions):
     node = SeedERRetriever(retriever, k=10).retrieve(questions[0])[with_triples].node
     content = node.get_content(metadata_mode=MetadataMode.LLM)
     assert node.text in content and f"type: {node.metadata['type']}" in content and "triples: " in content
-    for hidden in ("rank", "id", "score", "step", "dataset"):
+    for hidden in ("rank", "id", "score", "step", "dataset", "provenance"):
         assert f"{hidden}: " not in content
     assert node.get_content(metadata_mode=MetadataMode.EMBED) == content
 

@@ -48,6 +48,7 @@ async def _session_checks(session: ClientSession, retriever, questions) -> None:
         assert [n["score"] for n in answer["nodes"]] == pytest.approx([n.score for n in hits.nodes], rel=1e-5)
         assert [(n["rank"], n["name"], n["type"]) for n in answer["nodes"]] == [(n.rank, n.name, n.type) for n in hits.nodes]
         assert [tuple(t) for t in answer["triples"]] == hits.triples
+        assert answer["provenance"] == hits.provenance
         assert answer["dataset"] == hits.dataset == retriever.dataset_version
         assert answer["question"] == question
         assert all(n.name in result.content[0].text for n in hits.nodes)  # the same answer as JSON text

@@ -244,6 +244,15 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     edges = set(zip(np.asarray(kg.table("edges").column("src")), np.asarray(kg.table("edges").column("dst"))))
     by_name = {n.name: n.id for n in hit.nodes}
     assert all((by_name[h], by_name[t]) in edges for h, _, t in hit.triples)
+    # Each triple's provenance names this version and the edge's row, whose ids are the triple's.
+    table = kg.table("edges").to_pydict()
+    relation_names = kg.relation_names
+    assert len(hit.provenance) == len(hit.triples) and hit.triples
+    for (h, r, t), source in zip(hit.triples, hit.provenance):
+        row = source["edge"]
+        assert source["dataset"] == hit.dataset
+        assert (names[table["src"][row]], relation_names[table["relation"][row]], names[table["dst"][row]]) == (h, r, t)
+    assert hit.to_dict()["provenance"] == hit.provenance
     # One value of k per question (as the service batches requests): each gets the triples among its own top k.
     few, many = retriever.retrieve([question, question], k=[3, 10])
     assert len(few.nodes) == 3 and [n.id for n in many.nodes] == [n.id for n in hit.nodes]
@@ -483,6 +492,9 @@ def test_reload_switches_to_an_updated_version_and_the_old_retriever_keeps_its_o
     added = {("entity alpha", "relation a", "entity omega"), ("entity beta", "relation b", "entity psi")}
     assert not added & {t for h in before for t in h.triples}
     assert added & {t for h in after for t in h.triples}  # the new edges are in the new version's subgraphs
+    sources = {t: s for h in after for t, s in zip(h.triples, h.provenance)}
+    assert {sources[t]["file"] for t in added & set(sources)} == {"changes.tsv"}
+    assert {sources[t]["dataset"] for t in added & set(sources)} == {v2}
     assert old.retrieve(questions[:1], k=5)[0].dataset == v1  # the old one is untouched by the switch
     assert "place 5" in {n.name for h in before for n in h.nodes}
     assert {n.name for h in after for n in h.nodes} & {"place 5", "(removed)"} == set()

@@ -48,8 +48,9 @@ def relation_texts(name: str) -> tuple[str, str, str]:
     return text, default_inverse_text(text), "entity"
 
 
-def read_kb(path: Path) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """(head, relation, tail) string arrays of ``head|relation|tail`` lines; blank lines are skipped."""
+def read_kb(path: Path) -> tuple[pa.Array, pa.Array, pa.Array, np.ndarray]:
+    """(head, relation, tail) string arrays of ``head|relation|tail`` lines and their line numbers; blank
+    lines are skipped."""
     lines = read_lines(path)
     line_no = np.arange(1, len(lines) + 1)
     keep = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(lines)), 0)
@@ -76,11 +77,14 @@ def read_kb(path: Path) -> tuple[pa.Array, pa.Array, pa.Array]:
             f"{path}: {empty.size} lines with an empty head, relation or tail, first lines "
             f"{first_examples(line_no[empty])}; fix or remove them"
         )
-    return heads, rels, tails
+    return heads, rels, tails, line_no
 
 
-def build_graph(heads: pa.Array, rels: pa.Array, tails: pa.Array) -> tuple[pa.Table, pa.Table, pa.Table, dict]:
-    """Nodes (one per distinct string, typed by role), relations and de-duplicated edges."""
+def build_graph(
+    heads: pa.Array, rels: pa.Array, tails: pa.Array, line_no: np.ndarray
+) -> tuple[pa.Table, pa.Table, pa.Table, dict]:
+    """Nodes (one per distinct string, typed by role), relations and de-duplicated edges, each edge with
+    the line of ``kb.txt`` it first appears on (``source_row``)."""
     names = pc.unique(pa.concat_arrays([heads, tails]))
     names = names.take(pc.array_sort_indices(names))  # sorted: ids do not depend on line order
     rel_names = pc.unique(rels)
@@ -118,7 +122,15 @@ def build_graph(heads: pa.Array, rels: pa.Array, tails: pa.Array) -> tuple[pa.Ta
             "inverse_text": [info[1] for info in rel_info],
         }
     )
-    edges = pa.table({"src": src, "dst": dst, "relation": rel})
+    edges = pa.table(
+        {
+            "src": src,
+            "dst": dst,
+            "relation": rel,
+            "source_file": np.zeros(len(src), dtype=np.int32),
+            "source_row": line_no[first].astype(np.int64),
+        }
+    )
     return nodes, relations, edges, {"duplicate_triples": int(duplicates)}
 
 
@@ -208,8 +220,8 @@ def import_metaqa(
     if not kb_path.exists():
         raise DataError(f"{kb_path}: not found; --root must be the MetaQA folder holding kb.txt and 1-hop/ ...")
     progress(f"metaqa: reading {kb_path}")
-    heads, rels, tails = read_kb(kb_path)
-    nodes, relations, edges, graph_stats = build_graph(heads, rels, tails)
+    heads, rels, tails, line_no = read_kb(kb_path)
+    nodes, relations, edges, graph_stats = build_graph(heads, rels, tails, line_no)
     progress(f"metaqa: {nodes.num_rows:,} entities, {edges.num_rows:,} unique triples, {relations.num_rows} relations")
     names = nodes.column("name").combine_chunks()
 
@@ -251,7 +263,8 @@ def import_metaqa(
         "questions": per_file,
         "totals": totals,
     }
-    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
+    edge_sources = [{"file": kb_path.name, "unit": "line"}]
+    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite, edge_sources=edge_sources)
     counts = pc.value_counts(queries.column("split")).to_pylist()
     progress(
         f"metaqa: wrote {out}: {queries.num_rows:,} queries ("

@@ -49,7 +49,7 @@ import pyoxigraph
 
 from seeder.data.importers import first_examples, lookup, progress, require_file
 from seeder.data.importers.triples import as_strings, empty_queries, read_query_table, relation_table, resolve_queries
-from seeder.data.store import write_dataset
+from seeder.data.store import IRI_FIELD, write_dataset
 from seeder.system.io import DataError, fingerprint_file, writes_output
 from seeder.system.progress import Progress
 
@@ -284,8 +284,12 @@ class _Collector:
     skipped_blank: int = 0
     skipped_annotation: int = 0
     skipped_triple_terms: int = 0
+    # Provenance of each edge (``seeder.data.provenance``): its file, and its triple's number there.
+    edge_file: list[np.ndarray] = field(default_factory=list)
+    edge_row: list[np.ndarray] = field(default_factory=list)
 
-    def add(self, subjects, predicates, objects, is_literal, languages, file_index: int) -> None:
+    def add(self, subjects, predicates, objects, is_literal, languages, file_index: int, first_triple: int = 1) -> None:
+        """One chunk of a file's triples, the first of them its ``first_triple``-th (from 1)."""
         s = pa.array(subjects, pa.large_string())
         p = pa.array(predicates, pa.large_string())
         o = pa.array(objects, pa.large_string())
@@ -335,6 +339,9 @@ class _Collector:
             self.terms.add("edge_s", s_key.filter(take))
             self.terms.add("edge_p", p.filter(take))
             self.terms.add("edge_o", o_key.filter(take))
+            rows = np.flatnonzero(edges)
+            self.edge_file.append(np.full(rows.size, file_index, dtype=np.int32))
+            self.edge_row.append(rows + first_triple)
 
 
 def _local_names(iris: pa.Array) -> pa.Array:
@@ -412,7 +419,7 @@ def _relations(rel_terms: np.ndarray, terms: pa.Array, labels) -> tuple[pa.Table
         relations = relations.set_column(1, "name", pa.array(values, pa.string()))
     rel_of = np.empty(len(rel_terms), dtype=np.int32)
     rel_of[order] = np.arange(len(rel_terms), dtype=np.int32)
-    return relations, rel_of
+    return relations.append_column(IRI_FIELD, keys.cast(pa.string())), rel_of
 
 
 def _dedupe_edges(src: np.ndarray, rel: np.ndarray, dst: np.ndarray, num_nodes: int, num_relations: int) -> np.ndarray:
@@ -493,8 +500,10 @@ def import_rdf(
         for index, (path, fmt) in enumerate(zip(paths, formats)):
             progress(f"rdf: reading {path} ({fmt.name})")
             base = base_iri if base_iri is not None else path.resolve().as_uri()
+            first_triple = 1
             for *columns, position in _parse(path, fmt, base, chunk_rows):
-                collector.add(*columns, file_index=index)
+                collector.add(*columns, file_index=index, first_triple=first_triple)
+                first_triple += len(columns[0])
                 bar.update(max(0, int((read_before + position) / 1e6) - bar.done), triples=f"{collector.triples:,}")
             read_before += path.stat().st_size
     if collector.triples == 0:
@@ -541,6 +550,7 @@ def import_rdf(
             "type": _node_types(node_of_term, type_s, type_t, known, labels, num_nodes),
             "name": names,
             "text": _pick(node_keys, texts, names),
+            "iri": pc.if_else(pa.array(blank), pa.nulls(num_nodes, pa.string()), node_keys.cast(pa.string())),
         }
     )
 
@@ -549,7 +559,16 @@ def import_rdf(
     src, dst, rel = node_of_term[edge_s], node_of_term[edge_o], rel_of[rel_position]
     first = _dedupe_edges(src, rel, dst, num_nodes, relations.num_rows)
     duplicates = len(src) - first.size
-    edges = pa.table({"src": src[first], "dst": dst[first], "relation": rel[first]})
+    edge_file, edge_row = (np.concatenate(c) if c else np.zeros(0, np.int64) for c in (collector.edge_file, collector.edge_row))
+    edges = pa.table(
+        {
+            "src": src[first],
+            "dst": dst[first],
+            "relation": rel[first],
+            "source_file": edge_file[first].astype(np.int32),
+            "source_row": edge_row[first].astype(np.int64),
+        }
+    )
     progress(
         f"rdf: {nodes.num_rows:,} nodes, {relations.num_rows} relations, {edges.num_rows:,} edges from "
         f"{collector.triples:,} triples; skipped {collector.skipped_literal:,} literal and "
@@ -557,8 +576,13 @@ def import_rdf(
     )
 
     inputs: dict[str, str] = {}
+    # A triple is known by its number in its file, in the parser's order (its line, in N-Triples with
+    # one statement a line and no comments), and by its IRIs.
+    edge_sources = []
     for path in paths:
-        inputs[path.name if path.name not in inputs else str(path)] = fingerprint_file(path)
+        name = path.name if path.name not in inputs else str(path)
+        inputs[name] = fingerprint_file(path)
+        edge_sources.append({"file": name, "unit": "triple"})
     if queries_path is not None:
         queries_path = require_file(queries_path)
         keys = node_keys.cast(pa.string())
@@ -582,6 +606,6 @@ def import_rdf(
         "skipped_triple_terms": collector.skipped_triple_terms,
         "duplicate_triples": int(duplicates),
     }
-    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
+    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite, edge_sources=edge_sources)
     progress(f"rdf: wrote {out}: {queries.num_rows:,} queries")
     return source

@@ -251,7 +251,8 @@ def import_triples(
     """Import generic triples (and optional node texts and queries) into dataset directory ``out``."""
     triples = Path(triples)
     progress(f"triples: reading {triples}")
-    (heads, rels, tails), _ = read_triples(triples, head_col, relation_col, tail_col, no_header)
+    (heads, rels, tails), first_line = read_triples(triples, head_col, relation_col, tail_col, no_header)
+    edge_source, row_offset = source_location(triples, first_line)
 
     inputs = {triples.name: fingerprint_file(triples)}
     keys = pc.unique(pa.concat_arrays([heads, tails]))
@@ -286,7 +287,15 @@ def import_triples(
     _, first = np.unique(np.stack([src, rel.astype(np.int64), dst], axis=1), axis=0, return_index=True)
     first.sort()
     duplicates = len(src) - first.size
-    edges = pa.table({"src": src[first], "dst": dst[first], "relation": rel[first]})
+    edges = pa.table(
+        {
+            "src": src[first],
+            "dst": dst[first],
+            "relation": rel[first],
+            "source_file": np.zeros(first.size, dtype=np.int32),
+            "source_row": first + row_offset,
+        }
+    )
     progress(
         f"triples: {nodes.num_rows:,} nodes, {edges.num_rows:,} edges, {relations.num_rows} relations; "
         f"{duplicates:,} duplicate triples dropped"
@@ -299,9 +308,18 @@ def import_triples(
     else:
         queries = empty_queries()
     source = {"format": "triples", "triples": str(triples), "inputs": inputs, "duplicate_triples": int(duplicates)}
-    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite)
+    write_dataset(out, nodes, relations, edges, queries, source=source, overwrite=overwrite, edge_sources=[edge_source])
     progress(f"triples: wrote {out}: {queries.num_rows:,} queries")
     return source
+
+
+def source_location(path: Path, first_line: int) -> tuple[dict[str, Any], int]:
+    """An ``edge_sources`` entry (``seeder.data.provenance``) for a triples file, and what to add to a
+    row's index to get its number there: a Parquet file's triples are known by their row (from 0), a
+    text file's by their line."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return {"file": path.name, "unit": "row"}, 0
+    return {"file": path.name, "unit": "line"}, first_line
 
 
 def empty_queries() -> pa.Table:

@@ -21,6 +21,18 @@ def real(metaqa_root, tmp_path_factory):
     return open_dataset(out)
 
 
+def test_real_triples_point_at_their_kb_lines(real, metaqa_root):
+    from seeder.data.provenance import EdgeIndex
+
+    lines = (metaqa_root / "kb.txt").read_text(encoding="utf-8").splitlines()
+    edges = real.table("edges").slice(0, 2000)
+    heads, rels, tails = (edges.column(c).to_numpy() for c in ("src", "relation", "dst"))
+    names, relation_names = real.nodes.column("name").to_pylist(), real.relation_names
+    for h, r, t, source in zip(heads, rels, tails, EdgeIndex(real).sources(heads, rels, tails)):
+        assert source["file"] == "kb.txt"
+        assert [p.strip() for p in lines[source["line"] - 1].split("|")] == [names[h], relation_names[r], names[t]]
+
+
 def count_lines(path: Path) -> int:
     return sum(1 for _ in path.open(encoding="utf-8"))
 
