@@ -108,6 +108,64 @@ def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs,
         shutil.rmtree(run / "dataset")
 
 
+@pytest.mark.slow
+def test_a_killed_update_never_looks_complete_and_its_rerun_is_identical(inputs, tmp_path):
+    """``seeder import triples --update``, killed 10 times (before its manifest, between the renames of an
+    overwrite, and at 8 random delays): the new version is never half there, and the rerun equals an
+    uninterrupted update, file by file. The parent is never touched."""
+    parent_run, run = tmp_path / "parent", tmp_path / "run"
+    parent_run.mkdir(), run.mkdir()
+    assert _run(bench.commands(inputs, parent_run, "local", rerun=False)["import"], parent_run).returncode == 0
+    parent = bench.snapshot(parent_run, "import")
+    lines = (inputs / "triples.tsv").read_text().splitlines()[1:]
+    change = tmp_path / "change.tsv"
+    change.write_text(
+        "head\trelation\ttail\top\n"
+        + "".join(f"{line}\tremove\n" for line in lines[::40])
+        + "".join(f"new node {i}\t{lines[i].split(chr(9))[1]}\t{lines[i].split(chr(9))[2]}\tadd\n" for i in range(0, 200, 10))
+    )
+    update = [sys.executable, "-m", "seeder.cli", "import", "triples", "--update", str(parent_run / "dataset")]
+    first = [*update, "--triples", str(change), "--out", str(run / "dataset")]
+    again = [*first, "--overwrite"]
+    start = time.perf_counter()
+    done = _run(first, run)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = bench.snapshot(run, "import")
+    shutil.rmtree(run / "dataset")
+
+    before_manifest = (
+        "import os, signal, sys, seeder.data.store as s\n"
+        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+        "s.write_manifest = die\n"
+        "from seeder.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli.main")
+    rng = random.Random(SEED + 1)
+    kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
+    kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.2, took) for _ in range(8))]
+    landed = 0
+    for what, code, cmd in kills:
+        if code is not None:
+            if "renames" in what:
+                assert _run(first, run).returncode == 0
+            killed = _killed_python(code, run, *cmd[3:])
+            assert killed.returncode == -9, f"{what}: {killed.returncode} {killed.stderr[-2000:]}"
+            landed += 1
+        else:
+            rc, _ = bench.kill_at(cmd, run, tmp_path / "steps.log", float(what.split()[1][:-1]))
+            landed += rc is None
+        assert bench.check_dataset_not_half_complete(run) == "", what
+        rerun = _run(again, run)
+        assert rerun.returncode == 0, f"{what}: {rerun.stderr[-2000:]}"
+        assert bench.same("import", reference, bench.snapshot(run, "import")) == "", what
+        assert not [p for p in run.iterdir() if ".partial-" in p.name or ".old-" in p.name], what
+        shutil.rmtree(run / "dataset")
+    assert landed >= 6, f"only {landed} of 10 kills landed before the update finished"
+    assert bench.same("import", parent, bench.snapshot(parent_run, "import")) == ""
+
+
 # -- training --------------------------------------------------------------------------------------------
 
 from tests.pipelines.test_train import artifacts  # noqa: E402,F401  (hand-written artifacts, no Ray)
