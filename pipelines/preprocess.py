@@ -1,6 +1,7 @@
 """Preprocessing on Ray: embed -> features (PCA) -> seeds -> subgraphs, resumable, with a run summary.
 
     python pipelines/preprocess.py --dataset DIR --out ARTIFACTS [--config FILE] [KEY=VALUE ...]
+    python pipelines/preprocess.py --dataset NEW_VERSION --update PARENT_ARTIFACTS --out ARTIFACTS [--refit-prior]
     ray job submit --working-dir . -- python pipelines/preprocess.py --dataset /abs/DIR --out /abs/ARTIFACTS
 
 Run directly, it starts an embedded local Ray on 127.0.0.1, and joins a cluster only when given one:
@@ -12,6 +13,10 @@ directory of the driver, each stage published as it finishes and the manifest la
 (``seeder.system.storage``). Nodes share no disk: Ray tasks read the dataset and the finished stages from
 their locations and hand their results back through the object store. This file is only the Ray
 entry point; the work lives in ``seeder.preprocessing.stages``.
+
+With ``--update``, the dataset is a version written by ``seeder import ... --update`` and
+PARENT_ARTIFACTS are its parent's artifacts: every stage reuses the parent's rows and recomputes only
+what the change reaches (``seeder.preprocessing.incremental``), with the parent's config and PCA.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from pipelines.ray_runtime import add_ray_arguments, start_ray
 from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
-from seeder.features.embed import EncoderUDF
+from seeder.features.embed import EncoderUDF, load_encoder
+from seeder.preprocessing import incremental as inc
 from seeder.preprocessing import stages as pp
+from seeder.preprocessing.artifacts import Artifacts, open_artifacts
 from seeder.preprocessing.derive import derive_defaults, derive_unset, needs_derivation
 from seeder.system import storage
 from seeder.system.io import DataError, now, output_lock, read_manifest, write_manifest
@@ -167,6 +174,41 @@ def project_shards(batch: dict[str, np.ndarray], shards: str, pca) -> dict[str, 
     return {"id": ids, "features": np.concatenate([p[1] for p in parts]), "node": np.full(len(ids), node)}
 
 
+LOCAL_EMBED_BATCHES = 8
+"""An update with at most this many ``--udf-batch`` batches of changed texts encodes them in the driver."""
+
+
+def run_update_embed(need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, update: "Update") -> dict:
+    """The embed stage of an update: only the texts the parent has not embedded go through the encoder
+    pool; the rest is the parent's (``incremental.write_embed``)."""
+    table = inc.texts_to_embed(kg, update.diff)
+    embedded = inc.EmbeddedRows(table)
+    work = stage.open({"shard_rows": update.shard_rows})
+    by_node: Counter = Counter()
+    if 0 < table.num_rows <= LOCAL_EMBED_BATCHES * args.udf_batch:
+        # A few batches: the driver encodes them, since starting an actor pool costs more than they do.
+        encoder = load_encoder(config.embed)
+        embedded.add(
+            table.column("kind").to_numpy(), table.column("row").to_numpy(), encoder.encode(table.column("text").to_pylist())
+        )
+        by_node["driver"] = table.num_rows
+    elif table.num_rows:
+        ds, _ = embedding_dataset(need_ray(), table, config.embed, max(config.embed.batch_size, args.udf_batch))
+        with Progress(table.num_rows, "embed", "texts") as bar:
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+                nodes, texts = np.unique(batch["node"], return_counts=True)
+                by_node.update(dict(zip(nodes.tolist(), texts.tolist())))
+                embedded.add(batch["kind"], batch["row"], np.asarray(batch["embedding"]))
+                bar.update(len(batch["row"]))
+    info = inc.write_embed(update.parent.path / "embed", work, kg, update.diff, embedded, update.shard_rows)
+    return {
+        **info,
+        "encoder": config.embed.encoder,
+        "texts_embedded_this_run": int(table.num_rows),
+        "texts_by_node": dict(sorted(by_node.items())),
+    }
+
+
 def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, embed_dir: Path, artifacts: str) -> dict:
     """The features stage: the PCA is fitted in the driver on its bounded sample, and every node
     shard is projected by a Ray Data map over the workers, which read the shards from the artifacts
@@ -248,6 +290,14 @@ def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
     the node features from the artifacts location; entity linking and the choice among seeds stay in
     the driver (they read every question's text)."""
     by_node: dict[str, list[int]] = {}
+    info = pp.run_seeds(features, stage.open(), kg, config, dense_blocks=ray_dense_blocks(ray, config, args, artifacts, by_node))
+    return {**info, "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
+
+
+def ray_dense_blocks(ray, config: SeederConfig, args, artifacts: str, by_node: dict[str, list[int]]):
+    """``dense_blocks(query_features, search, index)`` of ``stages.run_seeds``: Ray tasks of
+    ``--query-block`` queries that read the node features from the artifacts location; ``by_node``
+    collects which Ray node ran which block."""
 
     def dense_blocks(query_features: np.ndarray, search: str, index):
         remote = ray.remote(**BLOCK_TASK)(on_node)
@@ -271,8 +321,63 @@ def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         ordered = [parts[b] for b in range(len(parts))]
         return np.concatenate([p[0] for p in ordered]), np.concatenate([p[1] for p in ordered])
 
-    info = pp.run_seeds(features, stage.open(), kg, config, dense_blocks=dense_blocks)
+    return dense_blocks
+
+
+class Update:
+    """An update run's parent artifacts, its dataset, what changed and whether the prior is refitted."""
+
+    def __init__(self, parent: Artifacts, kg: KnowledgeGraph, config: SeederConfig, refit_prior: bool):
+        self.parent = parent
+        self.parent_kg = parent.dataset
+        self.refit_prior = refit_prior and config.expand.relation_score == "learned"
+        self.kept = (["pca"] if config.reduce.dim else []) + (
+            ["prior"] if config.expand.relation_score == "learned" and not self.refit_prior else []
+        )
+        layout = (read_manifest(parent.path / "embed") or {}).get("layout", {})
+        self.shard_rows = int(layout.get("shard_rows", 10_000))
+        self.diff = inc.diff_versions(self.parent_kg, kg)
+
+    def record(self) -> dict:
+        return {
+            "parent": inc.parent_record(self.parent),
+            "kept": self.kept,
+            "refit_prior": self.refit_prior,
+            "diff": self.diff.counts,
+        }
+
+
+def run_update_seeds(
+    need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path, inputs: str, update: Update
+) -> dict:
+    """The seeds stage of an update: the questions the change can reach are seeded again, their dense
+    search over Ray tasks when there are any (``incremental.update_seeds``)."""
+    by_node: dict[str, list[int]] = {}
+
+    def dense_blocks(features, search, index):
+        return ray_dense_blocks(need_ray(), config, args, inputs, by_node)(features, search, index)
+
+    info = inc.update_seeds(
+        out / "features",
+        stage.open(),
+        kg,
+        update.parent_kg,
+        update.parent.path / "seeds" / "seeds.parquet",
+        update.diff,
+        config,
+        dense_blocks=dense_blocks,
+    )
     return {**info, "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
+
+
+def update_query_stage(
+    need_ray, stage: pp.StageDir, task, ids: np.ndarray, dataset: str, inputs: str, config, args, keep
+) -> dict:
+    """A stage of query shards in an update: ``ids`` computed as a full run computes them (one Ray task
+    per block), then ``keep(directory)`` writes the parent's rows of every other question."""
+    info = run_query_blocks(need_ray() if len(ids) else None, stage, task, ids, dataset, inputs, config, args)
+    kept = keep(stage.partial)
+    return {**info, "recomputed": int(len(ids)), "kept": int(kept)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -289,8 +394,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard-rows", type=int, default=10_000, help="texts per embedding shard (resume granularity)")
     parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
     parser.add_argument("--query-block", type=int, default=1_000, help="queries per expansion task and shard")
+    parser.add_argument(
+        "--update",
+        metavar="PARENT_ARTIFACTS",
+        help="the artifacts of --dataset's parent version (`seeder import ... --update`): reuse them and recompute "
+        "only what the change reaches, with the parent's config and PCA (docs/updates.md)",
+    )
+    parser.add_argument(
+        "--refit-prior",
+        action="store_true",
+        help="with --update: fit the relation-path prior again on the updated golden paths (every subgraph is then "
+        "extracted again); by default the parent's prior is kept",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. embed.encoder=hash expand.budget=150")
     args = parser.parse_args(argv)
+    if args.refit_prior and not args.update:
+        parser.error("--refit-prior goes with --update (a full run always fits the prior)")
     for name in ("shard_rows", "udf_batch", "query_block"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -301,26 +420,42 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         # Everything that can fail on bad input is checked before Ray starts.
-        config = load_config(args.config, args.overrides)
-        if args.config is None:
-            config = derive_unset(config, parse_overrides(args.overrides))
-        pp.check_config(config)
         # Ray tasks run in their own directories: local paths go to them absolute.
         dataset = args.dataset if is_uri(args.dataset) else str(Path(args.dataset).resolve())
         kg = open_dataset(dataset)
+        update = None
+        if args.update:
+            parent = open_artifacts(args.update)
+            inc.check_parent(kg, parent)
+            config = inc.update_config(parent, args.config, args.overrides)
+            update = Update(parent, kg, config, args.refit_prior)
+        else:
+            config = load_config(args.config, args.overrides)
+            if args.config is None:
+                config = derive_unset(config, parse_overrides(args.overrides))
+            pp.check_config(config)
         target = args.out if is_uri(args.out) else str(Path(args.out).resolve())
         # A URI gets its manifest only when every stage finished: after an error it does not look complete.
         with output_directory(target) as out, output_lock(out):
-            run_stages(args, config, kg, dataset, out, target)
+            run_stages(args, config, kg, dataset, out, target, update)
     except (ConfigError, DataError) as exc:
         print(f"preprocess: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGraph, dataset: str, out: Path, target: str) -> None:
+def run_stages(
+    args: argparse.Namespace,
+    config: SeederConfig,
+    kg: KnowledgeGraph,
+    dataset: str,
+    out: Path,
+    target: str,
+    update: Update | None = None,
+) -> None:
     """Every stage into the local directory ``out``; ``dataset`` and ``target`` are the locations
-    recorded in the manifest and summary (URIs stay URIs)."""
+    recorded in the manifest and summary (URIs stay URIs). With ``update``, each stage reuses the
+    parent's artifacts and recomputes what the change reaches."""
     previous = read_manifest(out) if out.is_dir() else None
     if out.is_dir() and next(out.iterdir(), None) is not None and (previous or {}).get("kind") != "seeder-artifacts":
         # Resuming writes into an existing --out: only artifacts of this tool (or an empty folder) qualify.
@@ -329,7 +464,10 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
             f"{(previous or {}).get('kind')!r}); choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
+    if update is not None:
+        fps = inc.update_fingerprints(config, kg, update.parent, update.kept)
+    else:
+        fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
     previous = previous or {}
     manifest = {
         "kind": "seeder-artifacts",
@@ -340,6 +478,10 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         "created": previous.get("created", now()),
         "stages": {},
     }
+    if update is not None:
+        manifest["update"] = update.record()
+        if update.parent.step_budget:
+            manifest["step_budget"] = update.parent.step_budget
     write_manifest(out, manifest)
     timer = pp.StageTimer()
     counts = {"nodes": kg.num_nodes, "relations": 2 * kg.num_relations, "queries": kg.queries.num_rows}
@@ -407,6 +549,10 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         return ray
 
     texts = sum(counts.values())
+    if update is not None:
+        run_update(update, stage_run, need_ray, args, config, kg, dataset, out, inputs, counts)
+        finish(args, kg, dataset, out, target, timer, counts, config, total_start, ray, update, manifest)
+        return
     stage_run(
         "embed",
         lambda s: run_embed(need_ray(), s, kg, config, args),
@@ -468,6 +614,124 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         f"{counts['queries']:,} subgraphs (budget {config.expand.budget}, {config.expand.hops} hops)",
     )
 
+    finish(args, kg, dataset, out, target, timer, counts, config, total_start, ray, update, manifest)
+
+
+def run_update(
+    update: Update,
+    stage_run,
+    need_ray,
+    args,
+    config: SeederConfig,
+    kg: KnowledgeGraph,
+    dataset: str,
+    out: Path,
+    inputs: str,
+    counts: dict,
+) -> None:
+    """The stages of an update, each committed as a full run commits it (``stage_run``)."""
+    diff = update.diff
+    parent = update.parent.path
+    texts = sum(counts.values())
+    changed = int((diff.node_source < 0).sum() + (diff.relation_source < 0).sum() + (diff.query_source < 0).sum())
+    stage_run(
+        "embed",
+        lambda s: run_update_embed(need_ray, s, kg, config, args, update),
+        changed,
+        "texts",
+        f"{changed:,} new or edited texts of {texts:,}",
+    )
+    stage_run(
+        "features",
+        lambda s: inc.write_features(parent / "features", out / "embed", s.open(), kg, diff, config, update.shard_rows),
+        changed,
+        "rows",
+        f"{changed:,} rows projected ({'the parent PCA' if config.reduce.dim else 'no PCA'}), the rest the parent's",
+    )
+    stage_run(
+        "seeds",
+        lambda s: run_update_seeds(need_ray, s, kg, config, args, out, inputs, update),
+        counts["queries"],
+        "queries",
+        f"top-{config.seed.k0} {config.seed.strategy} seeds of the questions the change reaches",
+    )
+    seeds, reseeded = inc.changed_seeds(parent / "seeds" / "seeds.parquet", out / "seeds" / "seeds.parquet", diff, config.seed.k0)
+    if config.expand.relation_score == "learned":
+        train = pp.train_query_ids(kg)
+        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded)
+        stage_run(
+            "paths",
+            lambda s: update_query_stage(
+                need_ray,
+                s,
+                pp.paths_block,
+                redo,
+                dataset,
+                inputs,
+                config,
+                args,
+                lambda d: inc.keep_golden_paths(parent / "paths", d, train, redo),
+            ),
+            len(redo),
+            "queries",
+            f"golden relation paths of {len(redo):,} of {len(train):,} training queries",
+        )
+        if update.refit_prior:
+            stage_run(
+                "prior", lambda s: pp.run_prior(out, s.open(), kg, config), len(train), "queries", "relation-path prior fitted"
+            )
+        else:
+            stage_run(
+                "prior",
+                lambda s: {"files": inc.copy_stage_files(parent / "prior", s.open()), "kept": "the parent's prior"},
+                0,
+                "queries",
+                "relation-path prior kept from the parent",
+            )
+    from seeder.data.subgraphs import SubgraphSet
+
+    ids = np.load(out / "features" / "query_ids.npy")
+    why = {"all": "the prior was fitted again"}
+    previous = None if update.refit_prior else SubgraphSet.read(parent / "subgraphs")
+    if previous is not None:
+        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded)
+    stage_run(
+        "subgraphs",
+        lambda s: {
+            **update_query_stage(
+                need_ray,
+                s,
+                pp.expand_block,
+                ids,
+                dataset,
+                inputs,
+                config,
+                args,
+                lambda d: inc.keep_subgraphs(previous, d, diff.query_ids, ids) if previous is not None else 0,
+            ),
+            "why": why,
+        },
+        len(ids),
+        "subgraphs",
+        f"{len(ids):,} of {counts['queries']:,} subgraphs extracted again (budget {config.expand.budget}, {config.expand.hops} hops)",
+    )
+
+
+def finish(
+    args,
+    kg: KnowledgeGraph,
+    dataset: str,
+    out: Path,
+    target: str,
+    timer,
+    counts: dict,
+    config: SeederConfig,
+    total_start: float,
+    ray,
+    update: Update | None,
+    manifest: dict,
+) -> None:
+    """The run summary (and, for an update, what it recomputed), written once every stage is done."""
     from seeder.data.subgraphs import SubgraphSet
 
     subgraphs = SubgraphSet.read(out / "subgraphs")
@@ -488,12 +752,32 @@ def run_stages(args: argparse.Namespace, config: SeederConfig, kg: KnowledgeGrap
         "ceiling": ceiling,
         "config": to_dict(config),
     }
+    if update is not None:
+        summary["update"] = {**update.record(), "recomputed": recomputed(timer.stages)}
+        manifest["update"] = summary["update"]
+        write_manifest(out, manifest)
     pp.write_summary(out, summary)
     for line in pp.format_ceilings(ceiling):
         print(line)
     print(f"summary: {join(target, 'summary.json')}")
     if ray is not None and not os.environ.get("RAY_ADDRESS"):
         ray.shutdown()
+
+
+def recomputed(stages: dict) -> dict:
+    """What an update computed, per stage, from the stages' infos (those of a resumed run included)."""
+    info = {name: entry.get("info", {}) for name, entry in stages.items()}
+    out = {
+        "embedded_rows": info.get("embed", {}).get("embedded", {}),
+        "seeded_queries": info.get("seeds", {}).get("recomputed"),
+        "subgraphs": info.get("subgraphs", {}).get("recomputed"),
+        "subgraphs_why": info.get("subgraphs", {}).get("why"),
+        "seeds_why": info.get("seeds", {}).get("why"),
+    }
+    if "paths" in info:
+        out["golden_path_queries"] = info["paths"].get("recomputed")
+        out["prior"] = "kept" if info.get("prior", {}).get("kept") else "fitted again"
+    return out
 
 
 if __name__ == "__main__":

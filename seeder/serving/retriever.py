@@ -612,7 +612,8 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
     it runs zero-shot, says so on stderr, and this returns True. Relations are read through their texts'
     embeddings, so the other graph's relation ids do not matter. An updated version of the model's graph
     (``seeder.data.update``: its lineage holds the model's dataset) in the same shared space is at home:
-    ids are stable, so it says so on stderr and this returns False."""
+    ids are stable, so it says so on stderr and this returns False. So does one whose artifacts were
+    preprocessed from the model's by ``pipelines/preprocess.py --update`` (their PCA kept), at any distance."""
     from seeder.policy.checkpoint import artifact_feature_space  # imports torch: only on this path
 
     dim = int(artifacts.node_features.shape[1])
@@ -622,6 +623,15 @@ def check_compatible(info, artifacts, model: str, accept_mismatch: bool = False)
             "use artifacts built with the same embed/reduce settings"
         )
     record = info.artifacts or {}
+    trained_features = (record.get("fingerprints") or {}).get("features")
+    lineage = ((artifacts.manifest.get("update") or {}).get("parent") or {}).get("features_lineage") or []
+    if trained_features and trained_features in lineage:
+        print(
+            f"update: model {model} was trained on an earlier version of this graph ({record.get('path', '?')}); "
+            f"it ranks {artifacts.path}, preprocessed from those artifacts with their PCA (--update)",
+            file=sys.stderr,
+        )
+        return False
     space = record.get("feature_space")
     here = artifacts.manifest.get("dataset_fingerprint")
     known = record.get("dataset_fingerprints") or [record.get("dataset_fingerprint")]  # several with multi-graph training

@@ -588,3 +588,27 @@ def test_every_retrieved_node_comes_with_a_path_of_graph_edges_from_a_seed(tmp_p
     walked = next(n for n in hits.nodes if n.path)
     assert f"via {walked.path_text()}" in hits.to_prompt(paths=True) and "via" not in hits.to_prompt()
     assert hits.to_dict()["nodes"][hits.nodes.index(walked)]["path"] == [list(h) for h in walked.path]
+
+
+def test_a_model_ranks_artifacts_updated_from_its_own_with_their_pca(capsys):
+    """Artifacts that ``pipelines/preprocess.py --update`` built from the model's (their PCA kept, at any
+    distance) are at home; artifacts with another features fingerprint and no such lineage are refused."""
+    from types import SimpleNamespace
+
+    from seeder.preprocessing.artifacts import FingerprintMismatch
+    from seeder.serving.retriever import check_compatible
+
+    info = SimpleNamespace(
+        feature_dim=8, artifacts={"path": "a1", "dataset_fingerprint": "d1", "fingerprints": {"features": "f1"}}
+    )
+
+    def artifacts(features: str, lineage: list[str]):
+        manifest = {"dataset_fingerprint": "d3", "fingerprints": {"features": features}}
+        if lineage:
+            manifest["update"] = {"parent": {"features_lineage": lineage}}
+        return SimpleNamespace(node_features=np.zeros((3, 8)), manifest=manifest, path="a3", fingerprint="x")
+
+    assert check_compatible(info, artifacts("f3", ["f2", "f1"]), "m") is False
+    assert "trained on an earlier version of this graph" in capsys.readouterr().err
+    with pytest.raises(FingerprintMismatch, match="features fingerprint f1 != f3"):
+        check_compatible(info, artifacts("f3", ["f2"]), "m")

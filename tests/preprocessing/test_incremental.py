@@ -1,0 +1,281 @@
+"""Preprocessing an update without Ray: the library stages of ``seeder.preprocessing.incremental`` on a
+tiny graph changed by adding, removing and editing triples, node texts and questions, against a full
+run on the new version. Without a PCA the two are equal bit for bit (features, seeds, golden paths,
+subgraphs), and the update recomputes fewer rows than there are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from seeder.config import load_config, to_dict
+from seeder.data.store import open_dataset
+from seeder.data.subgraphs import SubgraphSet
+from seeder.data.update import update_dataset
+from seeder.features.embed import load_encoder
+from seeder.preprocessing import incremental as inc
+from seeder.preprocessing import stages as pp
+from seeder.preprocessing.artifacts import open_artifacts, read_seed_table
+from seeder.system.io import DataError, write_manifest
+from tests.datasets import write_tiny_dataset
+
+SHARD_ROWS = 64
+
+
+def config_for(strategy: str, reduce_dim: int = 0, learned: bool = False):
+    return load_config(
+        None,
+        [
+            "embed.encoder=hash",
+            "embed.hash_dim=32",
+            f"reduce.dim={reduce_dim}",
+            f"seed.strategy={strategy}",
+            "seed.k0=2",
+            "seed.entity_min_chars=3",
+            "expand.budget=20",
+            "expand.hops=2",
+            "expand.keep_per_hop=[8,10]",
+            f"expand.relation_score={'learned' if learned else 'cosine'}",
+            "prior.epochs=2",
+        ],
+    )
+
+
+def write_change(root: Path, parent: Path) -> Path:
+    """A change set of the tiny dataset: edges added and removed, node texts edited, a node added and
+    one removed, questions added and removed; written as a new version."""
+    kg = open_dataset(parent)
+    rng = np.random.default_rng(7)
+    names = kg.node_names.to_pylist()
+    edges = kg.table("edges")
+    src, dst, rel = (edges.column(c).to_numpy() for c in ("src", "dst", "relation"))
+    rel_names = kg.relations.column("name").to_pylist()
+    keys = set(zip(src.tolist(), rel.tolist(), dst.tolist()))
+    removed_node = 17
+    lines = ["head\trelation\ttail\top"]
+    gone = [i for i in rng.choice(len(src), 12, replace=False).tolist() if removed_node not in (src[i], dst[i])]
+    for i in gone[:8]:
+        if (src[i], rel[i], dst[i]) in keys:
+            keys.discard((src[i], rel[i], dst[i]))
+            lines.append(f"{names[src[i]]}\t{rel_names[rel[i]]}\t{names[dst[i]]}\tremove")
+    added = 0
+    while added < 8:
+        s, d, r = (int(x) for x in (rng.integers(0, 300), rng.integers(0, 300), rng.integers(0, 4)))
+        if (s, r, d) in keys or removed_node in (s, d):
+            continue
+        keys.add((s, r, d))
+        lines.append(f"{names[s]}\t{rel_names[r]}\t{names[d]}\tadd")
+        added += 1
+    lines.append(f"brand new thing\t{rel_names[0]}\t{names[3]}\tadd")
+    (root / "triples.tsv").write_text("\n".join(lines) + "\n")
+    edited = [5, 40, 41, 120, 250]
+    node_rows = ["name,text,op"] + [f"{names[i]},{names[i]} rewritten as something else,add" for i in edited]
+    node_rows += [f"{names[removed_node]},,remove", "brand new thing,a brand new thing,add"]
+    (root / "nodes.csv").write_text("\n".join(node_rows) + "\n")
+    queries = kg.queries
+    q_ids = queries.column("id").to_numpy()
+    query_rows = ["id,text,answers,split,op", f"{q_ids[1]},,,,remove", f"{q_ids[4]},,,,remove"]
+    query_rows += [
+        f",what is related to {names[7]},{names[8]},train,add",
+        f",what is related to brand new thing,{names[3]},val,add",
+        f",which thing is {names[41]},{names[41]},test,add",
+    ]
+    (root / "queries.csv").write_text("\n".join(query_rows) + "\n")
+    update_dataset(
+        parent, root / "v2", triples_path=root / "triples.tsv", nodes_path=root / "nodes.csv", queries_path=root / "queries.csv"
+    )
+    return root / "v2"
+
+
+def stage_manifest(directory: Path, name: str, info: dict | None = None, layout: dict | None = None) -> None:
+    write_manifest(directory, {"stage": name, "fingerprint": name, "layout": layout or {}, "info": info or {}})
+
+
+def full_run(dataset: Path, out: Path, config) -> Path:
+    """Every stage of a full run in this process, with the library's stage functions (no Ray)."""
+    kg = open_dataset(dataset)
+    inputs = pp.embed_inputs(kg)
+    encoder = load_encoder(config.embed)
+    collector = pp.ShardCollector(out / "embed", {k: len(v[0]) for k, v in inputs.items()}, SHARD_ROWS)
+    for kind_index, kind in enumerate(pp.KINDS):
+        ids, texts = inputs[kind]
+        rows = np.arange(len(ids))
+        collector.add(np.full(len(ids), kind_index), rows, ids, encoder.encode(texts.to_pylist()))
+    pp.finish_embed(out / "embed", kg)
+    stage_manifest(out / "embed", "embed", layout={"shard_rows": SHARD_ROWS})
+    (out / "features").mkdir()
+    stage_manifest(out / "features", "features", pp.run_features(out / "embed", out / "features", kg, config))
+    (out / "seeds").mkdir()
+    stage_manifest(out / "seeds", "seeds", pp.run_seeds(out / "features", out / "seeds", kg, config))
+    if config.expand.relation_score == "learned":
+        (out / "paths").mkdir()
+        table, _ = pp.paths_block(str(dataset), str(out), pp.train_query_ids(kg), to_dict(config))
+        pq.write_table(table, out / "paths" / "part-000000.parquet")
+        stage_manifest(out / "paths", "paths")
+        (out / "prior").mkdir()
+        pp.run_prior(out, out / "prior", kg, config, echo=lambda line: None)
+        stage_manifest(out / "prior", "prior")
+    (out / "subgraphs").mkdir()
+    table, _ = pp.expand_block(str(dataset), str(out), np.load(out / "features" / "query_ids.npy"), to_dict(config))
+    pq.write_table(table, out / "subgraphs" / "part-000000.parquet")
+    stage_manifest(out / "subgraphs", "subgraphs")
+    write_top_manifest(out, dataset, kg, config)
+    return out
+
+
+def write_top_manifest(out: Path, dataset: Path, kg, config) -> None:
+    fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
+    write_manifest(
+        out,
+        {
+            "kind": "seeder-artifacts",
+            "dataset": str(dataset),
+            "dataset_fingerprint": kg.fingerprint,
+            "config": to_dict(config),
+            "fingerprints": fps,
+        },
+    )
+
+
+def update_run(dataset: Path, parent_out: Path, out: Path, config, refit_prior: bool = False) -> dict:
+    """The stages of ``pipelines/preprocess.py --update`` in this process: the same library calls, with
+    the encoder in this process and the query blocks computed here. Returns what each stage recomputed."""
+    kg = open_dataset(dataset)
+    parent = open_artifacts(parent_out)
+    inc.check_parent(kg, parent)
+    config = inc.update_config(parent, None, [])
+    diff = inc.diff_versions(parent.dataset, kg)
+    table = inc.texts_to_embed(kg, diff)
+    embedded = inc.EmbeddedRows(table)
+    if table.num_rows:
+        emb = load_encoder(config.embed).encode(table.column("text").to_pylist())
+        embedded.add(table.column("kind").to_numpy(), table.column("row").to_numpy(), emb)
+    for name in ("embed", "features", "seeds", "paths", "prior", "subgraphs"):
+        (out / name).mkdir(parents=True, exist_ok=True)
+    done = {"embed": inc.write_embed(parent_out / "embed", out / "embed", kg, diff, embedded, SHARD_ROWS)}
+    done["features"] = inc.write_features(parent_out / "features", out / "embed", out / "features", kg, diff, config, SHARD_ROWS)
+    done["seeds"] = inc.update_seeds(
+        out / "features", out / "seeds", kg, parent.dataset, parent_out / "seeds" / "seeds.parquet", diff, config
+    )
+    seeds, reseeded = inc.changed_seeds(
+        parent_out / "seeds" / "seeds.parquet", out / "seeds" / "seeds.parquet", diff, config.seed.k0
+    )
+    if config.expand.relation_score == "learned":
+        train = pp.train_query_ids(kg)
+        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded)
+        if len(redo):
+            table, _ = pp.paths_block(str(dataset), str(out), redo, to_dict(config))
+            pq.write_table(table, out / "paths" / "part-000000.parquet")
+        inc.keep_golden_paths(parent_out / "paths", out / "paths", train, redo)
+        done["paths"] = {"recomputed": len(redo), "of": len(train)}
+        if refit_prior:
+            pp.run_prior(out, out / "prior", kg, config, echo=lambda line: None)
+        else:
+            inc.copy_stage_files(parent_out / "prior", out / "prior")
+    previous = SubgraphSet.read(parent_out / "subgraphs")
+    ids = diff.query_ids
+    if not refit_prior:
+        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded)
+        done["why"] = why
+    if len(ids):
+        table, _ = pp.expand_block(str(dataset), str(out), ids, to_dict(config))
+        pq.write_table(table, out / "subgraphs" / "part-000000.parquet")
+    inc.keep_subgraphs(previous, out / "subgraphs", diff.query_ids, ids)
+    done["subgraphs"] = {"recomputed": len(ids), "of": len(diff.query_ids)}
+    return done
+
+
+def assert_same_artifacts(a: Path, b: Path, learned: bool = False) -> None:
+    for name in ("node", "relation", "query", "query_ids"):
+        left, right = np.load(a / "features" / f"{name}.npy"), np.load(b / "features" / f"{name}.npy")
+        assert left.shape == right.shape and np.array_equal(left, right), name
+    for kind in ("nodes", "queries"):
+        ids = pp.embed_inputs(open_dataset(json.loads((a / "manifest.json").read_text())["dataset"]))
+        expected = ids["node" if kind == "nodes" else "query"][0]
+        assert np.array_equal(pp.read_embeddings(a / "embed" / kind, expected), pp.read_embeddings(b / "embed" / kind, expected))
+    assert np.array_equal(np.load(a / "embed" / "relations.npy"), np.load(b / "embed" / "relations.npy"))
+    for left, right in zip(read_seed_table(a / "seeds" / "seeds.parquet"), read_seed_table(b / "seeds" / "seeds.parquet")):
+        assert np.array_equal(left, right)
+    if learned:
+        assert pp.read_golden_paths(a / "paths").equals(pp.read_golden_paths(b / "paths"))
+    assert SubgraphSet.read(a / "subgraphs").equals(SubgraphSet.read(b / "subgraphs"))
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("versions")
+    parent = write_tiny_dataset(root / "v1", 60, seed=11, two_hop_answers=True, id_stride=3)
+    return Path(parent), write_change(root, Path(parent))
+
+
+@pytest.mark.parametrize("strategy", ["dense", "dense+entity"])
+def test_update_equals_a_full_run_without_pca(versions, tmp_path, strategy):
+    parent, child = versions
+    config = config_for(strategy)
+    full_run(parent, tmp_path / "a1", config)
+    done = update_run(child, tmp_path / "a1", tmp_path / "a2", config)
+    full_run(child, tmp_path / "full", config)
+    write_top_manifest(tmp_path / "a2", child, open_dataset(child), config)
+    assert_same_artifacts(tmp_path / "a2", tmp_path / "full")
+    kg = open_dataset(child)
+    embedded = sum(done["embed"]["embedded"].values())
+    assert 0 < embedded < kg.num_nodes // 10
+    assert 0 < done["seeds"]["recomputed"] < kg.queries.num_rows
+    assert 0 < done["subgraphs"]["recomputed"] < kg.queries.num_rows
+
+
+def test_update_with_a_learned_prior(versions, tmp_path):
+    """Golden paths equal a full run's; with the prior fitted again, so do the prior's subgraphs."""
+    parent, child = versions
+    config = config_for("dense", learned=True)
+    full_run(parent, tmp_path / "a1", config)
+    full_run(child, tmp_path / "full", config)
+    kept = update_run(child, tmp_path / "a1", tmp_path / "kept", config)
+    assert kept["paths"]["recomputed"] < kept["paths"]["of"]
+    assert pp.read_golden_paths(tmp_path / "kept" / "paths").equals(pp.read_golden_paths(tmp_path / "full" / "paths"))
+    refit = update_run(child, tmp_path / "a1", tmp_path / "refit", config, refit_prior=True)
+    assert refit["subgraphs"]["recomputed"] == open_dataset(child).queries.num_rows
+    write_top_manifest(tmp_path / "refit", child, open_dataset(child), config)
+    assert_same_artifacts(tmp_path / "refit", tmp_path / "full", learned=True)
+
+
+def test_update_keeps_the_pca(versions, tmp_path):
+    """With a PCA the parent's is kept: unchanged rows are the parent's, changed ones its projection."""
+    parent, child = versions
+    config = config_for("dense", reduce_dim=8)
+    full_run(parent, tmp_path / "a1", config)
+    done = update_run(child, tmp_path / "a1", tmp_path / "a2", config)
+    assert done["features"]["pca"] == "kept from the parent artifacts"
+    assert (tmp_path / "a2" / "features" / "pca.npz").read_bytes() == (tmp_path / "a1" / "features" / "pca.npz").read_bytes()
+    diff = inc.diff_versions(open_dataset(parent), open_dataset(child))
+    same = np.flatnonzero(diff.node_source >= 0)
+    new, old = np.load(tmp_path / "a2" / "features" / "node.npy"), np.load(tmp_path / "a1" / "features" / "node.npy")
+    assert np.array_equal(new[same], old[diff.node_source[same]])
+
+
+def test_update_refuses_the_wrong_parent_and_another_config(versions, tmp_path):
+    parent, child = versions
+    config = config_for("dense")
+    full_run(child, tmp_path / "own", config)  # artifacts of the new version itself, not of its parent
+    with pytest.raises(DataError, match=r"manifest.json: built from dataset fingerprint .* pass the artifacts of that parent"):
+        inc.check_parent(open_dataset(child), open_artifacts(tmp_path / "own"))
+    full_run(parent, tmp_path / "a1", config)
+    with pytest.raises(DataError, match=r"the overrides expand.budget=25: differs from the config .* in the subgraphs stage"):
+        inc.update_config(open_artifacts(tmp_path / "a1"), None, ["expand.budget=25"])
+    with pytest.raises(DataError, match=r"records no parent version"):
+        inc.check_parent(open_dataset(parent), open_artifacts(tmp_path / "a1"))
+    assert inc.update_config(open_artifacts(tmp_path / "a1"), None, ["embed.batch_size=7"]).embed.batch_size == 7
+
+
+def test_diff_counts(versions):
+    parent, child = versions
+    diff = inc.diff_versions(open_dataset(parent), open_dataset(child))
+    assert diff.counts["edges_added"] >= 9 and diff.counts["edges_removed"] >= 8
+    assert diff.counts["nodes_changed"] == 5 + 1 + 1  # edited, removed (its placeholder text), added
+    assert diff.counts["queries_removed"] == 2
+    assert pa.array(diff.query_ids).type == pa.int64()
