@@ -47,6 +47,7 @@ EncoderBackend = Literal["auto", "torch", "sentence-transformers"]
 CpuPrecision = Literal["float32", "bfloat16", "int8"]
 SeedScreen = Literal["auto", "float32", "bfloat16"]
 SeedSearch = Literal["exact", "ann", "auto"]
+Fusion = Literal["rrf", "votes"]
 AUTO = "auto"
 """The value of a choice that preprocessing derives from the training split (seeder.preprocessing.derive)."""
 
@@ -375,6 +376,18 @@ class EvalConfig(Section):
     frontier_caps: list[int] = field(default_factory=list)
     """Frontier caps when a trained model retrieves; empty uses the model's own ``train.frontier_caps``.
     Must have as many steps as the expansion sizes in use, each at least its step's size."""
+    rollouts: int = 0
+    """R: sampled rollouts per question next to the greedy one when a trained model retrieves (ARK's
+    multi-rollout voting). Every question's 1 + R rollouts run in one batched pass, as training's
+    trajectories do, at the model's ``train.temperature``; the retrieved set is the union of their
+    sets, ranked by ``fusion``. 0 (the default) is greedy only: with R = 4 or 8 and reciprocal rank
+    fusion, Hit@1 fell on MetaQA val and stayed equal on the synthetic 3-hop graph, while the policy's
+    time per question grew 1.8-2.9x on MetaQA (benchmarks/RESULTS.md, "Multi-rollout voting (issue 48)")."""
+    fusion: Fusion = "rrf"
+    """How the rollouts' rankings are fused when ``rollouts`` > 0: ``rrf`` (reciprocal rank fusion,
+    sum of 1 / (60 + rank)) or ``votes`` (how many rollouts selected a node, ties by reciprocal rank)."""
+    rollout_seed: int = 0
+    """Seed of the sampled rollouts' noise: a call ranks the same questions the same way every time."""
 
 
 @dataclass

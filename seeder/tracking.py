@@ -8,10 +8,14 @@ Reading a ``models:/`` or ``runs:/`` URI never creates a store: a missing one is
 that says what to set.
 
 **The model.** Every training run (plain, Ray Train, sweep trial) logs one model directory
-(``seeder.policy.checkpoint``: ``seeder_model.json`` + ``weights.pt``) as artifact ``model``, made an MLflow
-Model by an ``MLmodel`` file whose pyfunc flavour loads through this module (``_load_pyfunc``: no
-pickle). ``mlflow.pyfunc.load_model("models:/NAME@champion").predict(frame)`` ranks questions through
-``seeder.serving.retriever.Retriever``, and so does ``mlflow models serve``.
+(``seeder.policy.checkpoint``: ``seeder_model.json`` + ``weights.pt``) as an MLflow 3 logged model named
+``model`` (``mlflow.pyfunc.log_model(name="model", loader_module="seeder.tracking", data_path=...)``):
+it lists in the experiment's Models tab and in ``mlflow.search_logged_models``, with the run's metrics
+of the model's epoch linked to it, and it loads through this module (``_load_pyfunc``: no pickle).
+A sweep trial whose best epoch improves logs one more, and the newest is the run's model.
+``runs:/ID/model``, ``models:/NAME@champion`` and ``mlflow.pyfunc.load_model(...).predict(...)``
+(a list of questions, or a frame with a ``question`` column) all reach it, and so does
+``mlflow models serve``; ``seeder.policy.checkpoint.locate`` finds the directory inside.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,8 @@ from seeder.system.mlflow_store import (  # noqa: F401 (re-exported: the one pla
 )
 
 MODEL_ARTIFACT = "model"  # == seeder.policy.checkpoint.MODEL_DIR
+DESCRIPTION_FILE = "seeder_model.json"  # == seeder.policy.checkpoint.DESCRIPTION_FILE
+EPOCH_TAG = "seeder.epoch"  # a logged model's tag: the training epoch whose weights it holds
 
 
 def setup(experiment: str) -> str:
@@ -62,7 +69,8 @@ def setup(experiment: str) -> str:
 
 
 def register_model(run_id: str, model_name: str, alias: str | None = "champion", artifact_path: str = MODEL_ARTIFACT) -> int:
-    """Register ``runs:/run_id/artifact_path`` (an MLflow Model) as a new version of ``model_name``."""
+    """Register the run's logged model ``artifact_path`` (or, for a run logged before logged models,
+    its ``runs:/run_id/artifact_path`` artifacts) as a new version of ``model_name``."""
     import mlflow  # MLflow is a slow import: only when this runs
     from mlflow.exceptions import MlflowException  # MLflow is a slow import: only when this runs
 
@@ -72,10 +80,30 @@ def register_model(run_id: str, model_name: str, alias: str | None = "champion",
     except MlflowException:
         pass  # already registered
     mlflow.set_tracking_uri(tracking_uri())
-    version = mlflow_client.create_model_version(model_name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id)
+    logged = logged_model_of(mlflow_client, run_id, artifact_path)
+    if logged is not None:
+        version = mlflow_client.create_model_version(
+            model_name, source=f"models:/{logged.model_id}", run_id=run_id, model_id=logged.model_id
+        )
+    else:
+        version = mlflow_client.create_model_version(model_name, source=f"runs:/{run_id}/{artifact_path}", run_id=run_id)
     if alias:
         mlflow_client.set_registered_model_alias(model_name, alias, version.version)
     return int(version.version)
+
+
+def logged_model_of(mlflow_client, run_id: str, name: str = MODEL_ARTIFACT, epoch: int | None = None):
+    """The run's newest logged model called ``name`` (the one ``runs:/run_id/name`` resolves to), or
+    with ``epoch`` the one of that epoch; None when there is none."""
+    experiment_id = mlflow_client.get_run(run_id).info.experiment_id
+    found = mlflow_client.search_logged_models(
+        experiment_ids=[experiment_id],
+        filter_string=f"name = '{name}' AND source_run_id = '{run_id}'",
+        order_by=[{"field_name": "creation_timestamp", "ascending": False}],
+    )
+    if epoch is not None:
+        found = [m for m in found if m.tags.get(EPOCH_TAG) == str(epoch)]
+    return found[0] if found else None
 
 
 # -- training runs: parameters, per-epoch metrics, the model directory and a training-curve plot --------
@@ -164,35 +192,101 @@ def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Pat
     return path
 
 
-def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> None:
-    """Log a seeder model directory as the run's MLflow Model ``model``: the directory plus an
-    ``MLmodel`` whose pyfunc flavour loads through ``seeder.tracking`` (code from the installed
-    package, no pickle) with a signature: a ``question`` string column in, ranked nodes out."""
-    from mlflow.models import Model, ModelSignature  # MLflow is a slow import: only when this runs
-    from mlflow.pyfunc import add_to_model  # MLflow is a slow import: only when this runs
+def model_signature():
+    """Ranked nodes out and the ``k`` parameter. No input schema: questions come as a list of strings
+    or as a frame with a ``question`` column, which ``_PyfuncRetriever.predict`` checks itself. MLflow's
+    column check cannot pass both (a list becomes an unnamed column, a named schema refuses it, an
+    unnamed one takes a frame's first column whatever its name)."""
+    from mlflow.models import ModelSignature  # MLflow is a slow import: only when this runs
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema  # MLflow is a slow import: only when this runs
 
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / MODEL_ARTIFACT
-        shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("MLmodel"))
-        signature = ModelSignature(
-            inputs=Schema([ColSpec("string", "question")]),
-            outputs=Schema(
-                [
-                    ColSpec("string", "question"),
-                    ColSpec("long", "rank"),
-                    ColSpec("long", "node"),
-                    ColSpec("string", "name"),
-                    ColSpec("double", "score"),
-                    ColSpec("long", "step"),
-                ]
-            ),
-            params=ParamSchema([ParamSpec("k", "long", 20)]),
+    return ModelSignature(
+        inputs=None,
+        outputs=Schema(
+            [
+                ColSpec("string", "question"),
+                ColSpec("long", "rank"),
+                ColSpec("long", "node"),
+                ColSpec("string", "name"),
+                ColSpec("double", "score"),
+                ColSpec("long", "step"),
+            ]
+        ),
+        params=ParamSchema([ParamSpec("k", "long", 20)]),
+    )
+
+
+def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> str:
+    """Log a seeder model directory as the run's MLflow 3 logged model ``model`` and return its id.
+
+    The model is ``mlflow.pyfunc.log_model(name="model", loader_module="seeder.tracking", ...)``: the
+    directory under ``data/``, a pyfunc flavour that loads through this module (code from the
+    installed package, no pickle), and ``model_signature()``. It is created with the run as its source
+    and the run's parameters, recorded as the run's output at the model's epoch, and the run's metrics
+    of that epoch are linked to it. One logged model per epoch: logging the same epoch again (a
+    resumed run) rewrites it, a later epoch (a sweep trial whose best improved) adds the run's newest,
+    which ``runs:/ID/model`` and ``register_model`` resolve to."""
+    quiet_mlflow()
+    import mlflow  # MLflow is a slow import: only when this runs
+    from mlflow.entities import LoggedModelOutput, Metric  # MLflow is a slow import: only when this runs
+
+    uri = uri or tracking_uri()
+    mlflow_client = client(uri)
+    mlflow.set_tracking_uri(uri)  # mlflow.pyfunc.log_model finalises the model through the global store
+    model_dir = Path(model_dir)
+    description = json.loads((model_dir / DESCRIPTION_FILE).read_text()) if (model_dir / DESCRIPTION_FILE).is_file() else {}
+    epoch = int(description.get("epoch", 0))
+    run = mlflow_client.get_run(run_id)
+    logged = logged_model_of(mlflow_client, run_id, epoch=epoch)
+    created = logged is None
+    if created:
+        logged = mlflow_client.create_logged_model(
+            experiment_id=run.info.experiment_id,
+            name=MODEL_ARTIFACT,
+            source_run_id=run_id,
+            params={key: value[:6000] for key, value in run.data.params.items()},
+            tags={EPOCH_TAG: str(epoch)},
+            model_type="seeder-retriever",
         )
-        mlmodel = Model(run_id=run_id, artifact_path=MODEL_ARTIFACT, signature=signature)
-        add_to_model(mlmodel, loader_module="seeder.tracking", data=".")
-        mlmodel.save(str(target / "MLmodel"))
-        client(uri).log_artifacts(run_id, str(target), artifact_path=MODEL_ARTIFACT)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*input example was not provided")  # loading it needs the artifacts
+        data = Path(tmp) / MODEL_ARTIFACT
+        shutil.copytree(model_dir, data, ignore=shutil.ignore_patterns("MLmodel"))
+        mlflow.pyfunc.log_model(
+            name=MODEL_ARTIFACT,
+            loader_module="seeder.tracking",
+            data_path=str(data),
+            signature=model_signature(),
+            pip_requirements=[_requirement()],
+            model_id=logged.model_id,
+        )
+    if created:
+        mlflow_client.log_outputs(run_id, [LoggedModelOutput(logged.model_id, step=epoch)])
+        # The run's metrics of the model's epoch, linked to the model (the description's validation
+        # metrics when the run logged none at that epoch).
+        stamp = int(time.time() * 1000)
+        linked = [
+            Metric(m.key, m.value, m.timestamp, m.step, model_id=logged.model_id, run_id=run_id)
+            for key in run.data.metrics
+            for m in mlflow_client.get_metric_history(run_id, key)
+            if m.step == epoch
+        ] or [
+            Metric(key, float(value), stamp, epoch, model_id=logged.model_id, run_id=run_id)
+            for key, value in description.get("metrics", {}).items()
+        ]
+        for lo in range(0, len(linked), 900):
+            mlflow_client.log_batch(run_id, metrics=linked[lo : lo + 900])
+    return logged.model_id
+
+
+def _requirement() -> str:
+    """This package as the model's pip requirement (MLflow would otherwise load the model to guess)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"seeder=={version('seeder')}"
+    except PackageNotFoundError:
+        return "seeder"
 
 
 class _PyfuncRetriever:
@@ -208,9 +302,15 @@ class _PyfuncRetriever:
         import pandas as pd  # pandas only for this table
 
         if isinstance(model_input, pd.DataFrame):
-            if "question" not in model_input.columns:
+            if "question" in model_input.columns:
+                column = model_input["question"]
+            elif len(model_input.columns) == 1:  # e.g. pd.DataFrame(questions): one unnamed column
+                column = model_input.iloc[:, 0]
+            else:
                 raise DataError(f"predict: the input frame has columns {list(model_input.columns)}; it needs 'question'")
-            questions = model_input["question"].astype(str).tolist()
+            questions = column.astype(str).tolist()
+        elif isinstance(model_input, pd.Series):
+            questions = model_input.astype(str).tolist()
         else:
             questions = [str(q) for q in (model_input if isinstance(model_input, (list, tuple)) else [model_input])]
         k = int((params or {}).get("k", 20))

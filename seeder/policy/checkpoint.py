@@ -8,8 +8,8 @@ A **model** is a directory::
 
 A **training checkpoint** (what a run resumes from) is a directory holding a model plus
 ``trainer.pt`` (optimiser, schedule, epoch, history, random states). Plain training, Ray Train, Tune
-trials and the MLflow model (``seeder.tracking`` adds ``MLmodel`` to the same directory) all write and
-read these two layouts through this module.
+trials and the MLflow model (``seeder.tracking`` logs the directory as ``data/model`` of an MLflow 3
+logged model) all write and read these two layouts through this module.
 
 Loading never runs code: both ``.pt`` files are read with ``torch.load(weights_only=True)``, which
 accepts tensors, numbers, strings, lists and dicts only, and the description is JSON.

@@ -4,6 +4,10 @@ Training validation, ``seeder evaluate --method seeder``, ``seeder benchmark``, 
 the Python ``Retriever`` and the sweep's champion evaluation all rank through ``retrieve`` below.
 The expansion schedule (c_t and the frontier caps) is an argument: the weights do not depend on it,
 so a model trained with one budget retrieves with another.
+
+Multi-rollout voting (ARK; ``eval.rollouts`` R > 0): each question's greedy rollout and R sampled
+ones run as 1 + R copies of one batched rollout, and ``fuse_rankings`` merges their rankings by
+reciprocal rank or by votes. Validation during training stays greedy.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from seeder.config import ConfigError, SeederConfig, TrainMode, choices
+from seeder.config import ConfigError, Fusion, SeederConfig, TrainMode, choices
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.rollout import QueryBatch, Rollout, make_query_batch, rank_nodes, score_whole_subgraph
@@ -22,6 +26,10 @@ from seeder.retrieve.metrics import per_query_metrics
 from seeder.system.allocator import keep_freed_memory
 from seeder.system.io import DataError
 from seeder.system.progress import Progress
+
+RRF_K = 60
+"""The constant of reciprocal rank fusion: a node at (0-based) rank r of a rollout's ranking adds
+1 / (RRF_K + r + 1) (Cormack et al.'s k = 60)."""
 
 # Node features up to this size move to a training or inference GPU whole; larger ones (a 10M-node
 # graph at d = 256 takes 10 GB) stay on the host and each batch's rows are gathered there.
@@ -125,17 +133,28 @@ class QueryData:
 class Schedule:
     """Algorithm 1's inputs besides the model: the nodes added per step (c_t) and each step's
     frontier cap. ``mode="rerank"`` (the GNN-reranking ablation) scores the whole subgraph instead and
-    keeps the top ``k0 + sum(c_t)``."""
+    keeps the top ``k0 + sum(c_t)``. ``rollouts`` > 0 adds that many sampled rollouts (Gumbel-top-k at
+    ``temperature``, noise from ``seed``) next to the greedy one and fuses the rankings by ``fusion``."""
 
     expansion_sizes: tuple[int, ...]
     frontier_caps: tuple[int, ...]
     mode: str = "seeder"
     k0: int = 1
+    rollouts: int = 0
+    fusion: str = "rrf"
+    seed: int = 0
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         check_schedule(list(self.expansion_sizes), list(self.frontier_caps), "expansion")
         if self.mode not in choices(TrainMode):
             raise ConfigError(f"train.mode={self.mode!r}: use one of {', '.join(choices(TrainMode))}")
+        if self.rollouts < 0:
+            raise ConfigError(f"eval.rollouts={self.rollouts}: use 0 (greedy only) or more sampled rollouts")
+        if self.fusion not in choices(Fusion):
+            raise ConfigError(f"eval.fusion={self.fusion!r}: use one of {', '.join(choices(Fusion))}")
+        if self.rollouts and not self.temperature > 0:
+            raise ConfigError(f"the model's train.temperature={self.temperature} must be > 0 to sample rollouts")
 
     @classmethod
     def training(cls, config: SeederConfig) -> "Schedule":
@@ -146,11 +165,21 @@ class Schedule:
     @classmethod
     def evaluation(cls, config: SeederConfig, model_config: SeederConfig) -> "Schedule":
         """``config``'s ``eval.expansion_sizes`` / ``eval.frontier_caps`` (either empty: the model's
-        training value), with the model's mode."""
+        training value), with the model's mode, and ``config``'s voting (``eval.rollouts``,
+        ``eval.fusion``, ``eval.rollout_seed``) at the model's sampling temperature."""
         sizes = list(config.eval.expansion_sizes) or list(model_config.train.expansion_sizes)
         caps = list(config.eval.frontier_caps) or list(model_config.train.frontier_caps)
         check_schedule(sizes, caps, "eval")
-        return cls(tuple(int(c) for c in sizes), tuple(int(c) for c in caps), model_config.train.mode, int(config.seed.k0))
+        return cls(
+            tuple(int(c) for c in sizes),
+            tuple(int(c) for c in caps),
+            model_config.train.mode,
+            int(config.seed.k0),
+            rollouts=int(config.eval.rollouts),
+            fusion=config.eval.fusion,
+            seed=int(config.eval.rollout_seed),
+            temperature=float(model_config.train.temperature),
+        )
 
     @property
     def budget(self) -> int:
@@ -187,13 +216,19 @@ def retrieve(
     """Greedy rollouts of every query in ``data``, ``batch_size`` queries per forward pass: the ranking
     and, per ranked node, the expansion step at which it was reached (0 seeds, t+1 step t, -1 outside
     the final set) and its score (the model's for the retrieved set, the K-hop filter score for the
-    rest; NaN for padding). ``progress`` names a ``seeder.system.progress.Progress`` over the queries."""
+    rest; NaN for padding). ``progress`` names a ``seeder.system.progress.Progress`` over the queries.
+
+    With ``schedule.rollouts`` R > 0 every query also gets R sampled rollouts (``voted_rollout``): the
+    set is the union of the 1 + R sets, ranked by the fused score (which is then the score shown), and
+    a node's step is the earliest at which a rollout reached it. The noise comes from one generator
+    seeded with ``schedule.seed`` per call, so a call is reproducible (for the same ``batch_size``)."""
     if model.training:  # eval() walks every submodule: 0.5 ms of a single question's ranking
         model.eval()
     keep_freed_memory()  # a batch's tensors would otherwise be faulted in afresh on every pass
     device = model_device(model)
     relation_features = torch.tensor(np.asarray(data.relation_features, dtype=np.float32), device=device)
     results, steps, node_scores = [], [], []
+    generator = torch.Generator().manual_seed(schedule.seed) if schedule.rollouts else None
     bar = Progress(len(data.subgraphs), progress, "queries") if progress else None
     for lo in range(0, len(data.subgraphs), batch_size):
         index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
@@ -205,6 +240,8 @@ def retrieve(
             in_set.scatter_(1, top, True)
             in_set &= batch.valid
             reached_at = torch.where(in_set, 0, -1)
+        elif schedule.rollouts:
+            in_set, scores, reached_at = voted_rollout(model, batch, relation_features, schedule, length, generator)
         else:
             rollout = Rollout(model, batch, relation_features, copies=1)
             out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy=True)
@@ -234,6 +271,64 @@ def retrieve(
         set_size=np.concatenate([r.set_size for r in results]),
     )
     return result, np.concatenate(steps), np.concatenate(node_scores)
+
+
+def voted_rollout(
+    model: SeedERPolicy,
+    batch: QueryBatch,
+    relation_features: torch.Tensor,
+    schedule: Schedule,
+    length: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batched rollout of 1 + R copies per query (copy 0 greedy, the others Gumbel-top-k samples,
+    as training samples its trajectories), each copy ranked as ``rank_nodes`` ranks, the rankings fused
+    by ``fuse_rankings``. -> (union of the sets [B, P], fused score [B, P], earliest step [B, P])."""
+    copies = 1 + schedule.rollouts
+    greedy = torch.zeros(batch.num_queries, copies, dtype=torch.bool, device=batch.valid.device)
+    greedy[:, 0] = True
+    rollout = Rollout(model, batch, relation_features, copies)
+    out = rollout.run(
+        list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy.view(-1), schedule.temperature, generator
+    )
+    ranks = ranks_in_copies(batch, out.selected, out.scores, copies)
+    shape = (batch.num_queries, copies, batch.width)
+    in_set, fused = fuse_rankings(out.selected.view(shape), ranks.view(shape), batch.valid, schedule.fusion, length)
+    reached = out.reached_at.view(shape)
+    earliest = torch.where(reached >= 0, reached, torch.iinfo(reached.dtype).max).amin(1)
+    return in_set, fused, torch.where(in_set, earliest, -1)
+
+
+def ranks_in_copies(batch: QueryBatch, selected: torch.Tensor, scores: torch.Tensor, copies: int) -> torch.Tensor:
+    """Each node's 0-based rank in its copy's ranking, ordered as ``rank_nodes`` orders one (the set by
+    model score, then the rest by filter score, ties by node id; padding last). [G, P] -> [G, P]."""
+    node_id = batch.global_nodes.repeat_interleave(copies, 0)
+    valid = batch.valid.repeat_interleave(copies, 0)
+    secondary = torch.where(selected, scores, batch.filter_score.repeat_interleave(copies, 0))
+    group = torch.where(selected, 0, torch.where(valid, 1, 2))
+    order = torch.argsort(node_id, dim=1, stable=True)
+    order = order.gather(1, torch.argsort(-secondary.gather(1, order), dim=1, stable=True))
+    order = order.gather(1, torch.argsort(group.gather(1, order), dim=1, stable=True))
+    positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    return torch.empty_like(order).scatter_(1, order, positions)
+
+
+def fuse_rankings(
+    selected: torch.Tensor, ranks: torch.Tensor, valid: torch.Tensor, fusion: str, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fuse C rankings per query: ``selected`` [B, C, P] (each rollout's set), ``ranks`` [B, C, P] (0-based
+    rank of each node in each rollout's ranking), ``valid`` [B, P]. A rollout counts for the nodes within
+    its first ``length`` ranks. ``rrf``: the sum of 1 / (RRF_K + rank + 1). ``votes``: the number of
+    rollouts whose set holds the node, plus less than one for its reciprocal-rank sum (the tie-break).
+    -> (union of the sets [B, P], fused score [B, P], larger first)."""
+    listed = (ranks < length) & valid.unsqueeze(1)
+    reciprocal = torch.where(listed, 1.0 / (RRF_K + ranks.to(torch.float64) + 1), 0.0).sum(1)
+    if fusion == "votes":
+        most = selected.shape[1] / (RRF_K + 1)  # every rollout ranking the node first
+        fused = selected.sum(1).to(torch.float64) + 0.5 * reciprocal / most
+    else:
+        fused = reciprocal
+    return selected.any(1) & valid, fused.to(torch.float32)
 
 
 def positions_in_rows(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -72,7 +72,7 @@ def download_model(model: str) -> Path:
                 f"model {model}: no such file or directory; pass a model directory (RUN/model), "
                 "runs:/ID/model or models:/NAME@ALIAS"
             )
-        return path
+        return model_data(path)  # a downloaded MLflow Model holds the model directory under data/
     uri = tracking_uri(create=False)
     missing = local_store_missing(uri)
     if missing is not None:
@@ -87,7 +87,7 @@ def download_model(model: str) -> Path:
 
     mlflow.set_tracking_uri(uri)
     try:
-        return Path(mlflow.artifacts.download_artifacts(model))
+        return model_data(Path(mlflow.artifacts.download_artifacts(model)))
     except MlflowException as exc:
         first = str(exc).splitlines()[0][:300]
         raise DataError(
@@ -96,6 +96,17 @@ def download_model(model: str) -> Path:
         ) from exc
     except OSError as exc:
         raise DataError(f"model {model}: the MLflow store {uri} cannot be reached ({exc}); check MLFLOW_TRACKING_URI") from exc
+
+
+def model_data(path: Path) -> Path:
+    """The seeder model directory inside a downloaded MLflow Model: its pyfunc flavour's ``data``
+    (``data/model`` for a logged model, the root for a run logged before logged models)."""
+    if (path / "seeder_model.json").is_file() or not (path / "MLmodel").is_file():
+        return path
+    from mlflow.models import Model  # MLflow is a slow import: only when this runs
+
+    data = Model.load(str(path / "MLmodel")).flavors.get("python_function", {}).get("data")
+    return path / data if data else path
 
 
 def quiet_mlflow() -> None:

@@ -188,6 +188,8 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     from mlflow import MlflowClient
 
+    from seeder import tracking
+
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -206,8 +208,12 @@ def test_two_workers_train_log_to_mlflow_and_evaluate(pipeline, artifacts, two_w
     ):
         assert [step for step, _ in metric_history(tmp_path, run_id, key)] == [1, 2, 3], key
     assert metric_history(tmp_path, run_id, "loss") == [(r["epoch"], pytest.approx(r["loss"])) for r in history]
-    artifacts_logged = {a.path for a in client.list_artifacts(run_id, "model")}
-    assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= artifacts_logged
+    logged = tracking.logged_model_of(client, run_id)  # the best model, an MLflow 3 logged model of the run
+    assert {"MLmodel", "data"} <= {a.path for a in client.list_logged_model_artifacts(logged.model_id)}
+    assert {"data/model/seeder_model.json", "data/model/weights.pt"} <= {
+        a.path for a in client.list_logged_model_artifacts(logged.model_id, "data/model")
+    }
+    assert "val_recall_at_20" in {m.key for m in logged.metrics}  # the metrics of its epoch, linked
     assert "training_curve.png" in {a.path for a in client.list_artifacts(run_id)}
 
     # The best model serves retrieval through the evaluation command, from the run directory and from MLflow.

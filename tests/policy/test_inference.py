@@ -1,6 +1,8 @@
 """seeder/policy/inference.py: greedy ranking with a schedule given at inference time, and the evaluation
 metrics training validates with."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -151,3 +153,86 @@ def test_several_graphs_concatenated_rank_each_query_as_its_own_graph_does(tmp_p
         np.testing.assert_array_equal(ranking, expected)
         np.testing.assert_array_equal(together.set_size[rows], alone.set_size)
         start += len(part.subgraphs)
+
+
+def test_no_rollouts_is_todays_greedy_ranking_exactly(trained):
+    """``eval.rollouts=0`` (the default) takes the greedy path unchanged: rankings, steps and scores."""
+    model, config, data = trained
+    greedy = retrieve(model, data, Schedule.training(config), 60)
+    schedule, _ = rank_with(trained, ["eval.rollouts=0", "eval.fusion=votes", "eval.rollout_seed=5"])
+    assert schedule.rollouts == 0
+    voted = retrieve(model, data, schedule, 60)
+    for got, expected in zip(voted, greedy):
+        np.testing.assert_array_equal(getattr(got, "ranking", got), getattr(expected, "ranking", expected))
+    np.testing.assert_array_equal(voted[0].set_size, greedy[0].set_size)
+
+
+@pytest.mark.parametrize("fusion", ["rrf", "votes"])
+def test_voted_rankings_are_reproducible_per_seed_and_keep_the_greedy_set(trained, fusion):
+    """R sampled rollouts next to the greedy one: the same seed gives the same fused ranking, another
+    seed another; the fused set is the union of the rollouts' sets, so it holds the greedy set, and its
+    nodes are ranked first, by fused score, each reached at a step no later than greedy reached it."""
+    model, _, data = trained
+    greedy, greedy_steps, _ = retrieve(model, data, rank_with(trained, [])[0], 60)
+    schedule, _ = rank_with(trained, ["eval.rollouts=4", f"eval.fusion={fusion}", "eval.rollout_seed=1"])
+    assert (schedule.rollouts, schedule.fusion, schedule.seed, schedule.temperature) == (4, fusion, 1, 1.0)
+    first, steps, scores = retrieve(model, data, schedule, 60, batch_size=8)
+    again, again_steps, again_scores = retrieve(model, data, schedule, 60, batch_size=8)
+    np.testing.assert_array_equal(first.ranking, again.ranking)
+    np.testing.assert_array_equal(steps, again_steps)
+    np.testing.assert_array_equal(scores, again_scores)
+    other, _, _ = retrieve(model, data, replace(schedule, seed=2), 60, batch_size=8)
+    assert not np.array_equal(other.ranking, first.ranking)  # the seed draws the samples
+    assert (first.set_size >= greedy.set_size).all() and (first.set_size > greedy.set_size).any()
+    for i in range(len(first.query_ids)):
+        fused_set = first.ranking[i, : first.set_size[i]]
+        greedy_set = greedy.ranking[i, : greedy.set_size[i]]
+        assert set(greedy_set.tolist()) <= set(fused_set.tolist())
+        assert (np.diff(scores[i, : first.set_size[i]]) <= 0).all()  # the set by fused score
+        assert (steps[i, : first.set_size[i]] >= 0).all() and (steps[i, first.set_size[i] :] == -1).all()
+        at = {node: step for node, step in zip(greedy.ranking[i], greedy_steps[i]) if step >= 0}
+        assert all(step <= at[node] for node, step in zip(fused_set, steps[i]) if node in at)
+        # Outside the set, every rollout ranks by filter score: the rest is greedy's rest, in greedy's order.
+        rest = [n for n in greedy.ranking[i] if n >= 0 and n not in set(fused_set.tolist())]
+        assert first.ranking[i, first.set_size[i] : first.set_size[i] + len(rest)].tolist() == rest
+
+
+def test_reciprocal_rank_and_vote_fusion_on_a_hand_made_case():
+    """Two queries of four node slots, three rollouts; the second query's last slot is padding."""
+    from seeder.policy.inference import RRF_K, fuse_rankings
+
+    selected = torch.tensor(
+        [
+            [[1, 1, 0, 0], [0, 1, 1, 0], [0, 1, 0, 1]],
+            [[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]],
+        ],
+        dtype=torch.bool,
+    )
+    ranks = torch.tensor(
+        [
+            [[0, 1, 2, 3], [2, 0, 1, 3], [2, 0, 3, 1]],
+            [[0, 1, 2, 3], [0, 2, 1, 3], [1, 0, 2, 3]],
+        ]
+    )
+    valid = torch.tensor([[True] * 4, [True, True, True, False]])
+    rr = lambda *ranks: sum(1 / (RRF_K + r + 1) for r in ranks)  # noqa: E731
+
+    in_set, fused = fuse_rankings(selected, ranks, valid, "rrf", length=4)
+    assert in_set.tolist() == [[True, True, True, True], [True, True, False, False]]
+    expected = [[rr(0, 2, 2), rr(1, 0, 0), rr(2, 1, 3), rr(3, 3, 1)], [rr(0, 0, 1), rr(1, 2, 0), rr(2, 1, 2), 0.0]]
+    np.testing.assert_allclose(fused.numpy(), np.array(expected), rtol=1e-6)
+    # Node 1 of query 0, first in two rollouts, leads; nodes 2 and 3 have the same sum of ranks, and
+    # node 2's (2, 1, 3) beats node 3's (3, 3, 1) by 1/63 - 1/64.
+    assert fused[0].argsort(descending=True).tolist() == [1, 0, 2, 3]
+
+    # Only the first ``length`` ranks of a rollout count.
+    _, short = fuse_rankings(selected, ranks, valid, "rrf", length=2)
+    np.testing.assert_allclose(short[0].numpy(), [rr(0), rr(1, 0, 0), rr(1), rr(1)], rtol=1e-6)
+
+    in_set, votes = fuse_rankings(selected, ranks, valid, "votes", length=4)
+    counts = selected.sum(1).float()
+    assert (votes.floor() == counts * valid).all()  # the integer part is the vote count
+    most = 3 / (RRF_K + 1)
+    np.testing.assert_allclose((votes - votes.floor()).numpy(), 0.5 * np.array(expected) / most, rtol=1e-5)
+    assert votes[0].argsort(descending=True).tolist()[0] == 1  # three votes
+    assert votes[1, 0] > votes[1, 1] > votes[1, 2]  # two votes, one, none

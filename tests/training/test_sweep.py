@@ -212,6 +212,9 @@ def test_trial_child_runs_in_sqlite(tmp_path):
     assert not any(k.startswith(("synth.", "baselines.")) for k in got.data.params)
     history = client.get_metric_history(run.run_id, sw.METRIC)
     assert [(m.step, m.value) for m in history] == [(1, 0.2), (2, 0.4)]
-    files = {f.path for f in client.list_artifacts(run.run_id, "model")}
-    assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= files
+    logged = tracking.logged_model_of(client, run.run_id)  # the model is an MLflow 3 logged model of the run
+    files = {f.path for f in client.list_logged_model_artifacts(logged.model_id)} | {
+        f.path for f in client.list_logged_model_artifacts(logged.model_id, "data/model")
+    }
+    assert {"MLmodel", "data/model/seeder_model.json", "data/model/weights.pt"} <= files
     assert len(tracking.find_child_runs(client, experiment, parent)) == 1

@@ -209,6 +209,8 @@ def test_the_sweep_listens_on_loopback_only(server_sweep):
 def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, artifacts):
     from mlflow import MlflowClient
 
+    from seeder import tracking
+
     url, proc, _ = server_sweep
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name("seeder-sweeps")
@@ -232,8 +234,10 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
         # Two epochs, or one when ASHA stopped the trial at its first rung.
         epochs = 2 if child.data.tags["seeder.status"] == "FINISHED" else 1
         assert [m.step for m in history] == list(range(1, epochs + 1))
-        assert {"model/MLmodel", "model/seeder_model.json", "model/weights.pt"} <= {
-            f.path for f in client.list_artifacts(child.info.run_id, "model")
+        logged = tracking.logged_model_of(client, child.info.run_id)  # the trial's best, an MLflow 3 logged model
+        assert "MLmodel" in {f.path for f in client.list_logged_model_artifacts(logged.model_id)}
+        assert {"data/model/seeder_model.json", "data/model/weights.pt"} <= {
+            f.path for f in client.list_logged_model_artifacts(logged.model_id, "data/model")
         }
     # The champion: the best child by validation recall, registered with alias `champion`.
     version = client.get_model_version_by_alias(f"seeder-{artifacts.name}", "champion")
