@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     kg = retriever.artifacts.dataset
     names = np.array(kg.nodes.column("name").to_pylist(), dtype=object)
     relation_names = list(kg.relation_names)
-    num_relations = len(relation_names)
+    num_relations = kg.num_relations  # R base relations; inverse r is r + R
     edges = kg.table("edges")
     facts = set(
         zip(

@@ -3,8 +3,11 @@
 The policy grows the selected set step by step, each step adding nodes adjacent to the set so far
 (paper, Section 4), so every node of the retrieved set has an edge to a node selected at an earlier
 step. Following such edges back ends at a seed: that chain, read from the seed, is the node's path. Of
-several earlier neighbours, the one selected first is taken (the shortest way back), ties by the
-subgraph's edge order. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a path
+several earlier neighbours, the one selected first is taken (the shortest way back); among edges from
+neighbours selected at the same step, the one whose relation, in the direction walked, reads most like
+the question (cosine of the question's and the relation text's features), then the subgraph's edge
+order. A node joined to a film by both "directed by" and "starred" edges is explained by the one the
+question asks about. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a path
 never names a fact the graph does not hold.
 """
 
@@ -15,13 +18,16 @@ import numpy as np
 from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
 
 
-def expansion_paths(subgraphs: SubgraphSet, ranking: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, ...]:
+def expansion_paths(
+    subgraphs: SubgraphSet, ranking: np.ndarray, steps: np.ndarray, relation_scores: np.ndarray | None = None
+) -> tuple[np.ndarray, ...]:
     """For every (question, rank) of ``ranking`` [Q, L] (global node ids, -1 padded) with ``steps`` [Q, L]
     (0 for a seed, t + 1 for a node added at expansion step t, -1 outside the retrieved set), the path
     from a seed, as arrays [Q, L, D] over its D = max step hops, seed first, -1 padded:
     (from node, relation, forward, to node). ``forward`` is True where the hop follows the relation
     (from -relation-> to) and False where it goes against it (to -relation-> from). A seed's path is
-    empty; so is that of a node outside the retrieved set."""
+    empty; so is that of a node outside the retrieved set. ``relation_scores`` [Q, 2R]: how well each
+    relation id (r forward, r + R inverse) fits each question, to choose among a node's parent edges."""
     num_q, width = ranking.shape
     depth = int(max(steps.max(initial=0), 0))
     empty = np.full((num_q, width, depth), -1, dtype=np.int64)
@@ -51,8 +57,13 @@ def expansion_paths(subgraphs: SubgraphSet, ranking: np.ndarray, steps: np.ndarr
     relation = np.concatenate([subgraphs.edge_rel[forward], subgraphs.edge_rel[backward]]).astype(np.int64)
     along = np.concatenate([np.ones(forward.sum(), bool), np.zeros(backward.sum(), bool)])
     edge_index = np.concatenate([np.flatnonzero(forward), np.flatnonzero(backward)])
-    # Per child: the parent selected first, then the first edge.
-    best = np.lexsort((edge_index, step[parent], child))
+    fit = np.zeros(len(child), dtype=np.float32)
+    if relation_scores is not None and len(child):
+        num_relations = relation_scores.shape[1] // 2
+        walked = relation + np.where(along, 0, num_relations)  # the relation id in the direction walked
+        fit = relation_scores[edge_query[edge_index], walked]
+    # Per child: the parent selected first, then the relation that fits the question best, then the first edge.
+    best = np.lexsort((edge_index, -fit, step[parent], child))
     first = best[np.r_[True, child[best][1:] != child[best][:-1]]] if len(best) else best
     parent_of = np.full(len(step), -1, dtype=np.int64)
     relation_of = np.full(len(step), -1, dtype=np.int64)

@@ -464,7 +464,7 @@ class Retriever:
     def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None, keep=None) -> list[Hits]:
         subgraphs, query_features = self.subgraphs(questions, topics)
         result, steps, scores = self.rank(subgraphs, query_features)
-        return self._hits(questions, subgraphs, result, steps, scores, ks, keep)
+        return self._hits(questions, subgraphs, result, steps, scores, ks, keep, query_features)
 
     def node_filter(self, types: list[str] | None = None, where: dict[str, Any] | None = None) -> np.ndarray | None:
         """Which nodes a filtered call shows (bool per node), or None without a filter. Built once per
@@ -528,7 +528,15 @@ class Retriever:
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
     def _hits(
-        self, questions, subgraphs: SubgraphSet, result: RetrievalResult, steps, scores, ks: list[int], keep=None
+        self,
+        questions,
+        subgraphs: SubgraphSet,
+        result: RetrievalResult,
+        steps,
+        scores,
+        ks: list[int],
+        keep=None,
+        query_features: np.ndarray | None = None,
     ) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
@@ -544,7 +552,12 @@ class Retriever:
         question, rank = np.nonzero(shown)
         ids = result.ranking[question, rank]
         triple_ptr, heads, relations, tails = retrieved_triples(subgraphs, question, rank, ids)
-        hop_from, hop_rel, hop_along, hop_to = (a[question, rank] for a in expansion_paths(subgraphs, result.ranking, steps))
+        fit = None
+        if query_features is not None:  # each relation's fit to each question, to choose among parent edges
+            relation_features = np.asarray(self.artifacts.relation_features, np.float32)
+            fit = unit_rows(np.asarray(query_features, np.float32)) @ unit_rows(relation_features).T
+        hops = expansion_paths(subgraphs, result.ranking, steps, fit)
+        hop_from, hop_rel, hop_along, hop_to = (a[question, rank] for a in hops)
         paths = [
             [
                 (str(names[f]), str(relation_names[r]), "forward" if forward else "inverse", str(names[t]))
@@ -580,6 +593,11 @@ class Retriever:
             )
             for i, text in enumerate(questions)
         ]
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def retrieved_triples(
