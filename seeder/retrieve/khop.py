@@ -281,6 +281,17 @@ def induced_edges(graph: GraphIndex, nodes: np.ndarray, node_ptr: np.ndarray) ->
     return {"edge_ptr": offsets_of(counts), "edge_src": src, "edge_dst": dst, "edge_rel": rel}
 
 
+def prior_path_terms(
+    kg, graph: GraphIndex, prior, query_features: np.ndarray, seeds: np.ndarray, texts: list[str] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The relation-path prior's [Q, T] log path terms and log ending terms over its trie
+    (``RelationPathPrior.path_terms``) for questions with these features, seeds ([Q, k0], -1 padded)
+    and texts (read when the prior reads the wording)."""
+    profile = seed_relation_profile(graph.indptr, graph.relations, seeds, 2 * graph.num_relations)
+    names = seed_names(kg.node_names, seeds) if prior.wording_dim else None
+    return prior.path_terms(prior.inputs(query_features, profile, texts, names))
+
+
 def expand_queries(
     kg,
     node_features: np.ndarray,
@@ -331,10 +342,9 @@ def expand_queries(
         if expand_config.relation_score == "learned":
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
-            profile = seed_relation_profile(graph.indptr, graph.relations, seeds[lo:hi], 2 * graph.num_relations)
-            names = seed_names(kg.node_names, seeds[lo:hi]) if prior.wording_dim else None
-            inputs = prior.inputs(query_features[lo:hi], profile, None if texts is None else list(texts[lo:hi]), names)
-            (terms, ends), children = prior.path_terms(inputs), prior.trie.children
+            batch_texts = None if texts is None else list(texts[lo:hi])
+            terms, ends = prior_path_terms(kg, graph, prior, query_features[lo:hi], seeds[lo:hi], batch_texts)
+            children = prior.trie.children
         chunks.append(
             expand_batch(
                 graph,

@@ -37,6 +37,7 @@ from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_pla
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
+from seeder.retrieve.topk import pad_rows
 from seeder.serving.explain import expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
@@ -527,6 +528,19 @@ class Retriever:
         ]
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
+    def _prior_terms(self, questions, subgraphs: SubgraphSet, query_features: np.ndarray | None):
+        """The relation-path prior's log path terms and trie children for these questions, which choose
+        each node's explaining path (``seeder.serving.explain``); None without a prior."""
+        if self.prior is None or query_features is None:
+            return None
+        from seeder.retrieve.khop import prior_path_terms  # numba: loaded with the first question anyway
+
+        features = np.asarray(query_features, np.float32)
+        terms, _ = prior_path_terms(
+            self.artifacts.dataset, self.graph, self.prior, features, seed_rows(subgraphs), list(questions)
+        )
+        return terms, self.prior.trie.children
+
     def _hits(
         self,
         questions,
@@ -556,7 +570,7 @@ class Retriever:
         if query_features is not None:  # each relation's fit to each question, to choose among parent edges
             relation_features = np.asarray(self.artifacts.relation_features, np.float32)
             fit = unit_rows(np.asarray(query_features, np.float32)) @ unit_rows(relation_features).T
-        hops = expansion_paths(subgraphs, result.ranking, steps, fit)
+        hops = expansion_paths(subgraphs, result.ranking, steps, fit, self._prior_terms(questions, subgraphs, query_features))
         hop_from, hop_rel, hop_along, hop_to = (a[question, rank] for a in hops)
         paths = [
             [
@@ -593,6 +607,15 @@ class Retriever:
             )
             for i, text in enumerate(questions)
         ]
+
+
+def seed_rows(subgraphs: SubgraphSet) -> np.ndarray:
+    """[Q, most seeds] each subgraph's seeds (its hop-0 nodes), -1 padded."""
+    seed = subgraphs.is_seed
+    rows = segment_ids(subgraphs.node_ptr)[seed]
+    if not len(rows):
+        return np.full((len(subgraphs), 1), -1, dtype=np.int64)
+    return pad_rows(rows, subgraphs.nodes[seed], np.zeros(len(rows), np.float32), len(subgraphs))[0]
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:

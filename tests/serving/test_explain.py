@@ -70,3 +70,22 @@ def test_the_relation_that_fits_the_question_explains_a_node():
     scores = np.zeros((1, 2 * NUM_RELATIONS), np.float32)
     scores[0, 0 + NUM_RELATIONS] = 0.9
     assert hops(scores)[1] == [(10, 0, True, 11)]
+
+
+def test_the_relation_path_prior_chooses_first_and_follows_the_chosen_parent():
+    """A trie of two paths from the root: [1] then [1, 2 inverse]. The prior's mass on them picks
+    relation 1 for node 11 over the first edge (relation 0) and over a cosine that prefers relation 0;
+    node 12's hop continues from the trie node of 11's chosen path."""
+    num_ids = 2 * NUM_RELATIONS
+    children = np.full((3, num_ids), -1, np.int32)
+    children[0, 1] = 1  # root -1-> trie node 1
+    children[1, 2 + NUM_RELATIONS] = 2  # trie node 1 -2 (inverse)-> trie node 2
+    terms = np.log(np.array([[1.0, 0.9, 0.8]], np.float32))
+    cosine = np.zeros((1, num_ids), np.float32)
+    cosine[0, 0] = 0.9
+    hop_from, hop_rel, hop_along, hop_to = expansion_paths(subgraph(EDGES), RANKING, STEPS, cosine, (terms, children))
+    assert [int(r) for r in hop_rel[0, 1] if r >= 0] == [1]
+    assert [int(r) for r in hop_rel[0, 0] if r >= 0] == [1, 2] and not bool(hop_along[0, 0, 1])
+    # Without mass on relation 1's path, the cosine decides among the off-trie edges.
+    hop_rel = expansion_paths(subgraph(EDGES), RANKING, STEPS, cosine, (terms, np.full((3, num_ids), -1, np.int32)))[1]
+    assert [int(r) for r in hop_rel[0, 1] if r >= 0] == [0]
