@@ -45,7 +45,11 @@ from xml.parsers import expat
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyoxigraph
+
+try:  # the [rdf] extra: only `seeder import rdf` needs it
+    import pyoxigraph
+except ImportError:  # pragma: no cover - the test extra installs it
+    pyoxigraph = None
 
 from seeder.data.importers import first_examples, lookup, progress, require_file
 from seeder.data.importers.triples import as_strings, empty_queries, read_query_table, relation_table, resolve_queries
@@ -67,14 +71,9 @@ DEFAULT_TYPE = "Thing"
 _CONSUMED = pa.array([RDF_TYPE, *LABEL_PREDICATES, *TEXT_PREDICATES], pa.large_string())
 _FIRST_TEXT = 1 + len(LABEL_PREDICATES)
 
-FORMATS = {
-    "nt": pyoxigraph.RdfFormat.N_TRIPLES,
-    "nq": pyoxigraph.RdfFormat.N_QUADS,
-    "ttl": pyoxigraph.RdfFormat.TURTLE,
-    "trig": pyoxigraph.RdfFormat.TRIG,
-    "rdfxml": pyoxigraph.RdfFormat.RDF_XML,
-}
-"""``--format`` names; a file's extension picks one of these when no format is given."""
+FORMATS = {"nt": "N_TRIPLES", "nq": "N_QUADS", "ttl": "TURTLE", "trig": "TRIG", "rdfxml": "RDF_XML"}
+"""``--format`` names (and pyoxigraph's ``RdfFormat`` of each); a file's extension picks one of these
+when no format is given."""
 EXTENSIONS = {"nt": "nt", "nq": "nq", "ttl": "ttl", "trig": "trig", "rdf": "rdfxml", "owl": "rdfxml", "xml": "rdfxml"}
 BLANK_NODES = ("skip", "keep")
 CHUNK_ROWS = 1 << 17
@@ -83,17 +82,19 @@ CHUNK_ROWS = 1 << 17
 
 def rdf_format(path: Path, name: str | None = None) -> pyoxigraph.RdfFormat:
     """The syntax of ``path``: ``name`` (a key of FORMATS) when given, else from the file's extension."""
+    if pyoxigraph is None:
+        raise DataError("reading RDF needs pyoxigraph: pip install 'seeder[rdf]'")
     if name is not None:
         if name not in FORMATS:
             raise DataError(f"unknown RDF format '{name}'; use one of {', '.join(FORMATS)}")
-        return FORMATS[name]
+        return getattr(pyoxigraph.RdfFormat, FORMATS[name])
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in EXTENSIONS:
         raise DataError(
             f"{path}: cannot tell the RDF syntax from the extension '{path.suffix}'; name the file "
             f".{', .'.join(EXTENSIONS)} or pass --format ({', '.join(FORMATS)})"
         )
-    return FORMATS[EXTENSIONS[suffix]]
+    return getattr(pyoxigraph.RdfFormat, FORMATS[EXTENSIONS[suffix]])
 
 
 def _syntax_error(path: Path, fmt: pyoxigraph.RdfFormat, exc: SyntaxError) -> DataError:

@@ -346,3 +346,12 @@ def test_query_answers_by_iri_or_name_and_their_errors(films, tmp_path):
         DataError, match=r"shared\.csv: 1 answers name several nodes, first at lines 2 .*give those answers as IRIs"
     ):
         import_rdf([tmp_path / "twice.ttl"], tmp_path / "x", queries_path=tmp_path / "shared.csv")
+
+
+def test_without_the_rdf_extra_the_import_says_how_to_install_it(films, tmp_path, monkeypatch):
+    from seeder.data.importers import rdf
+
+    monkeypatch.setattr(rdf, "pyoxigraph", None)
+    with pytest.raises(DataError, match=r"pip install 'seeder\[rdf\]'"):
+        import_rdf([films["ttl"]], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
