@@ -10,6 +10,7 @@ from pathlib import Path
 from seeder.cli.arguments import add_accept_mismatch_argument, add_method_argument, add_split_argument
 from seeder.config import with_overrides
 from seeder.evaluation.evaluate import DEFAULT_METHODS, format_table, resolve_methods, run_evaluation
+from seeder.evaluation.versions import evaluate_against_trained_version
 from seeder.preprocessing.artifacts import open_artifacts
 
 
@@ -21,6 +22,19 @@ def run(args: argparse.Namespace) -> int:
     report = run_evaluation(artifacts, methods, args.split, config, model=args.model, by=args.by)
     report["artifacts"] = str(args.artifacts)  # as given: a URI rather than its local cache
     print(format_table(report, config.eval.ks))
+    if args.model:
+        comparison = evaluate_against_trained_version(
+            report,
+            artifacts,
+            args.model,
+            args.baseline_artifacts,
+            config.eval.ks,
+            lambda other: run_evaluation(
+                other, ["seeder"], args.split, with_overrides(other.config, args.overrides), model=args.model, by=args.by
+            ),
+        )
+        if comparison:
+            print(comparison)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True))
@@ -45,6 +59,12 @@ def register(subparsers) -> None:
         "default: hop, else a question-type attribute with few values)",
     )
     parser.add_argument("--model", help="trained model checkpoint, for methods that need one (e.g. seeder)")
+    parser.add_argument(
+        "--baseline-artifacts",
+        help="with --method seeder on an updated version of the model's graph: the artifacts of the version it "
+        "was trained on, to evaluate it there too and print how far the metrics moved (default: where the model "
+        "records them; 'none': no comparison)",
+    )
     add_accept_mismatch_argument(parser)
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. eval.ranking_length=200")
     parser.set_defaults(func=run)
