@@ -428,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             parent = open_artifacts(args.update)
             inc.check_parent(kg, parent)
             config = inc.update_config(parent, args.config, args.overrides)
+            inc.check_kept_prior(kg, parent, config, args.refit_prior)
             update = Update(parent, kg, config, args.refit_prior)
         else:
             config = load_config(args.config, args.overrides)

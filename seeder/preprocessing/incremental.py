@@ -354,7 +354,8 @@ def write_embed(
     keep = diff.relation_source >= 0
     new_rel[keep] = relations[diff.relation_source[keep]]
     r_rows, r_emb = embedded.of("relation")
-    new_rel[r_rows] = r_emb
+    if len(r_rows):  # with nothing embedded (a change of edges only) the batch has no width to assign
+        new_rel[r_rows] = r_emb
     np.save(out / "relations.npy", new_rel)
 
     parent_queries = pp.read_embeddings(parent_embed / "queries", diff.parent_query_ids)
@@ -364,7 +365,8 @@ def write_embed(
     if parent_queries is not None:
         new_q[keep] = parent_queries[diff.query_source[keep]]
     q_rows, q_emb = embedded.of("query")
-    new_q[q_rows] = q_emb
+    if len(q_rows):
+        new_q[q_rows] = q_emb
     for block, lo in enumerate(range(0, len(query_ids), shard_rows)):
         _write_shard(out / "queries" / f"part-{block:06d}.parquet", query_ids[lo : lo + shard_rows], new_q[lo : lo + shard_rows])
     return {
@@ -781,6 +783,17 @@ def copy_stage_files(source: Path, out: Path) -> int:
         _link_or_copy(path, out / rel)
         copied += 1
     return copied
+
+
+def check_kept_prior(kg: KnowledgeGraph, parent: Artifacts, config: SeederConfig, refit_prior: bool) -> None:
+    """A kept relation-path prior reads the parent's relations: an update that adds relations needs
+    ``--refit-prior`` (one line naming it, before anything runs)."""
+    added = kg.num_relations - parent.dataset.num_relations
+    if config.expand.relation_score == "learned" and not refit_prior and added > 0:
+        raise DataError(
+            f"{kg.path}: the update adds {added} relation(s), and the relation-path prior of {parent.path} knows "
+            "only the parent's; pass --refit-prior to fit it again on the updated golden paths"
+        )
 
 
 def parent_record(parent: Artifacts) -> dict[str, Any]:

@@ -279,3 +279,44 @@ def test_diff_counts(versions):
     assert diff.counts["nodes_changed"] == 5 + 1 + 1  # edited, removed (its placeholder text), added
     assert diff.counts["queries_removed"] == 2
     assert pa.array(diff.query_ids).type == pa.int64()
+
+
+def edges_only_change(root: Path, parent: Path, new_relation: bool = False) -> Path:
+    """A new version whose change set only adds and removes triples (nothing to embed), optionally
+    with a triple of a relation the parent does not have."""
+    kg = open_dataset(parent)
+    names = kg.node_names.to_pylist()
+    rel_names = kg.relations.column("name").to_pylist()
+    edges = kg.table("edges").slice(0, 3).to_pydict()
+    lines = ["head\trelation\ttail\top"]
+    lines += [f"{names[s]}\t{rel_names[r]}\t{names[d]}\tremove" for s, d, r in zip(edges["src"], edges["dst"], edges["relation"])]
+    existing = set(zip(kg.table("edges").column("src").to_pylist(), kg.table("edges").column("dst").to_pylist()))
+    pairs = [(s, d) for s in range(5, 40) for d in range(60, 90) if (s, d) not in existing and (d, s) not in existing][:3]
+    lines += [f"{names[s]}\t{rel_names[0]}\t{names[d]}\tadd" for s, d in pairs]
+    if new_relation:
+        lines.append(f"{names[1]}\ta brand new relation\t{names[2]}\tadd")
+    (root / "edges_only.tsv").write_text("\n".join(lines) + "\n")
+    update_dataset(parent, root / "v3", triples_path=root / "edges_only.tsv")
+    return root / "v3"
+
+
+def test_an_update_of_edges_only_embeds_nothing_and_equals_a_full_run(versions, tmp_path):
+    parent, _ = versions
+    child = edges_only_change(tmp_path, parent)
+    config = config_for("dense")
+    full_run(parent, tmp_path / "a1", config)
+    done = update_run(child, tmp_path / "a1", tmp_path / "a2", config)
+    assert sum(done["embed"]["embedded"].values()) == 0
+    full_run(child, tmp_path / "full", config)
+    write_top_manifest(tmp_path / "a2", child, open_dataset(child), config)
+    assert_same_artifacts(tmp_path / "a2", tmp_path / "full")
+
+
+def test_a_new_relation_needs_the_prior_fitted_again(versions, tmp_path):
+    parent, _ = versions
+    child = edges_only_change(tmp_path, parent, new_relation=True)
+    config = config_for("dense", learned=True)
+    full_run(parent, tmp_path / "a1", config)
+    with pytest.raises(DataError, match=r"adds 1 relation\(s\).*pass --refit-prior"):
+        inc.check_kept_prior(open_dataset(child), open_artifacts(tmp_path / "a1"), config, refit_prior=False)
+    inc.check_kept_prior(open_dataset(child), open_artifacts(tmp_path / "a1"), config, refit_prior=True)
