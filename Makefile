@@ -3,6 +3,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The whole suite runs its test files on this many pytest-xdist workers: its end-to-end tests spend much
+# of their time waiting on processes they started (Ray, servers), so two share two cores well.
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test test-quick
 install: $(VENV)/.installed
@@ -19,7 +22,7 @@ demo: install
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
 test: install
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit loop: no Ray (a test that starts a Ray node fails; see tests/without_ray), no servers, no browser.
 test-quick: install
