@@ -63,6 +63,47 @@ def kill_after_rename(module: str, condition: str, main: str) -> str:
     )
 
 
+# Code that SIGKILLs an import at the two windows that matter: before the manifest exists, and between the
+# renames of an overwrite (the old dataset moved aside, the new one not yet in place).
+KILL_BEFORE_MANIFEST = (
+    "import os, signal, sys, seeder.data.store as s\n"
+    "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+    "s.write_manifest = die\n"
+    "from seeder.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+KILL_BETWEEN_RENAMES = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli.main")
+
+
+def kill_and_rerun(first: list[str], again: list[str], run: Path, log: Path, delays: list[float], reference: dict) -> int:
+    """Kill the import ``first`` (writing ``run / "dataset"``) at the two windows and after each of
+    ``delays`` seconds; after each kill nothing looks complete that is not, and ``again`` (the rerun a
+    user types) equals ``reference`` with no leftovers. Returns how many kills landed before the end."""
+    kills = [("before the manifest", KILL_BEFORE_MANIFEST, first), ("between the renames", KILL_BETWEEN_RENAMES, again)]
+    kills += [(f"after {d:.2f}s", None, first) for d in delays]
+    landed = 0
+    for what, code, cmd in kills:
+        if code is not None:
+            if "renames" in what:  # an overwrite needs a dataset to replace
+                assert _run(first, run).returncode == 0
+            killed = _killed_python(code, run, *cmd[3:])
+            assert killed.returncode == -9, f"{what}: {killed.returncode} {killed.stderr[-2000:]}"
+            landed += 1
+        else:
+            rc, _ = bench.kill_at(cmd, run, log, float(what.split()[1][:-1]))
+            landed += rc is None
+        # Never something that looks complete but is not.
+        assert bench.check_dataset_not_half_complete(run) == "", what
+        if code is not None:
+            assert not (run / "dataset" / "manifest.json").exists(), what
+        rerun = _run(again, run)
+        assert rerun.returncode == 0, f"{what}: {rerun.stderr[-2000:]}"
+        assert bench.same("import", reference, bench.snapshot(run, "import")) == "", what
+        assert not [p for p in run.iterdir() if ".partial-" in p.name or ".old-" in p.name], what
+        shutil.rmtree(run / "dataset")
+    return landed
+
+
 # -- import ----------------------------------------------------------------------------------------------
 
 
@@ -76,36 +117,8 @@ def test_a_killed_import_never_looks_complete_and_its_rerun_is_identical(inputs,
     reference = bench.snapshot(run, "import")
     shutil.rmtree(run / "dataset")
 
-    # Killed at the two windows that matter: before the manifest exists, and between the renames of an
-    # overwrite (the old dataset moved aside, the new one not yet in place).
-    before_manifest = (
-        "import os, signal, sys, seeder.data.store as s\n"
-        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
-        "s.write_manifest = die\n"
-        "from seeder.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli.main")
     rng = random.Random(SEED)
-    kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
-    kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.3, 2.0) for _ in range(2))]
-    for what, code, cmd in kills:
-        if code is not None:
-            if "renames" in what:  # an overwrite needs a dataset to replace
-                assert _run(first, run).returncode == 0
-            killed = _killed_python(code, run, *cmd[3:])
-            assert killed.returncode == -9, f"{what}: {killed.returncode} {killed.stderr[-2000:]}"
-        else:
-            rc, _ = bench.kill_at(cmd, run, tmp_path / "steps.log", float(what.split()[1][:-1]))
-        # Never something that looks complete but is not.
-        assert bench.check_dataset_not_half_complete(run) == "", what
-        if code is not None:
-            assert not (run / "dataset" / "manifest.json").exists(), what
-        rerun = _run(again, run)
-        assert rerun.returncode == 0, f"{what}: {rerun.stderr[-2000:]}"
-        assert bench.same("import", reference, bench.snapshot(run, "import")) == "", what
-        assert not [p for p in run.iterdir() if ".partial-" in p.name or ".old-" in p.name], what
-        shutil.rmtree(run / "dataset")
+    kill_and_rerun(first, again, run, tmp_path / "steps.log", sorted(rng.uniform(0.3, 2.0) for _ in range(2)), reference)
 
 
 @pytest.mark.slow
@@ -134,34 +147,9 @@ def test_a_killed_update_never_looks_complete_and_its_rerun_is_identical(inputs,
     reference = bench.snapshot(run, "import")
     shutil.rmtree(run / "dataset")
 
-    before_manifest = (
-        "import os, signal, sys, seeder.data.store as s\n"
-        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
-        "s.write_manifest = die\n"
-        "from seeder.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    between_renames = kill_after_rename("seeder.system.io", "'.old-' in str(dst)", "seeder.cli.main")
     rng = random.Random(SEED + 1)
-    kills = [("before the manifest", before_manifest, first), ("between the renames", between_renames, again)]
-    kills += [(f"after {d:.2f}s", None, first) for d in sorted(rng.uniform(0.2, took) for _ in range(8))]
-    landed = 0
-    for what, code, cmd in kills:
-        if code is not None:
-            if "renames" in what:
-                assert _run(first, run).returncode == 0
-            killed = _killed_python(code, run, *cmd[3:])
-            assert killed.returncode == -9, f"{what}: {killed.returncode} {killed.stderr[-2000:]}"
-            landed += 1
-        else:
-            rc, _ = bench.kill_at(cmd, run, tmp_path / "steps.log", float(what.split()[1][:-1]))
-            landed += rc is None
-        assert bench.check_dataset_not_half_complete(run) == "", what
-        rerun = _run(again, run)
-        assert rerun.returncode == 0, f"{what}: {rerun.stderr[-2000:]}"
-        assert bench.same("import", reference, bench.snapshot(run, "import")) == "", what
-        assert not [p for p in run.iterdir() if ".partial-" in p.name or ".old-" in p.name], what
-        shutil.rmtree(run / "dataset")
+    delays = sorted(rng.uniform(0.2, took) for _ in range(8))
+    landed = kill_and_rerun(first, again, run, tmp_path / "steps.log", delays, reference)
     assert landed >= 6, f"only {landed} of 10 kills landed before the update finished"
     assert bench.same("import", parent, bench.snapshot(parent_run, "import")) == ""
 
