@@ -558,21 +558,6 @@ def changed_seeds(parent_seeds: Path, seeds_file: Path, diff: VersionDiff, k0: i
     return seeds, diff.query_ids[differ]
 
 
-def write_seed_table(path: Path, query_ids: np.ndarray, seeds: np.ndarray, scores: np.ndarray) -> None:
-    """seeds.parquet as the seeds stage writes it (``stages.run_seeds``)."""
-    valid = seeds >= 0
-    lengths = valid.sum(axis=1)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    table = pa.table(
-        {
-            "query_id": pa.array(query_ids),
-            "seeds": pa.ListArray.from_arrays(offsets, pa.array(seeds[valid])),
-            "seed_scores": pa.ListArray.from_arrays(offsets, pa.array(scores[valid], pa.float32())),
-        }
-    )
-    pq.write_table(table, path)
-
-
 def update_seeds(
     features_dir: Path,
     out: Path,
@@ -621,7 +606,7 @@ def update_seeds(
             dense=dense,
         )
         seeds[rows], scores[rows] = _pad_to(new_seeds, cfg.k0, -1), _pad_to(new_scores, cfg.k0, -np.inf)
-    write_seed_table(out / "seeds.parquet", diff.query_ids, seeds, scores)
+    pp.write_seed_table(out / "seeds.parquet", diff.query_ids, seeds, scores)
     lengths = (seeds >= 0).sum(axis=1)
     info = {
         "queries": int(len(diff.query_ids)),

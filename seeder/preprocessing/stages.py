@@ -682,9 +682,22 @@ def run_seeds(
         kg, config, query_features, node_features, texts=texts, query_ids=query_ids, index=index, search=search, dense=dense
     )
     search_seconds = time.perf_counter() - start
+    write_seed_table(out / "seeds.parquet", query_ids, seeds, scores)
+    return {
+        "queries": int(len(query_ids)),
+        "k0": cfg.k0,
+        "strategy": cfg.strategy,
+        "empty": int((seeds < 0).all(axis=1).sum()),
+        "search": search,
+        "seed_seconds": round(search_seconds, 3),
+        **ann_info,
+    }
+
+
+def write_seed_table(path: Path, query_ids: np.ndarray, seeds: np.ndarray, scores: np.ndarray) -> None:
+    """seeds.parquet: each question's seeds and their scores as lists (``seeds`` [Q, k0], -1 padded)."""
     valid = seeds >= 0
-    lengths = valid.sum(axis=1)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(valid.sum(axis=1))]).astype(np.int32))
     table = pa.table(
         {
             "query_id": pa.array(query_ids),
@@ -692,16 +705,7 @@ def run_seeds(
             "seed_scores": pa.ListArray.from_arrays(offsets, pa.array(scores[valid], pa.float32())),
         }
     )
-    pq.write_table(table, out / "seeds.parquet")
-    return {
-        "queries": int(len(query_ids)),
-        "k0": cfg.k0,
-        "strategy": cfg.strategy,
-        "empty": int((lengths == 0).sum()),
-        "search": search,
-        "seed_seconds": round(search_seconds, 3),
-        **ann_info,
-    }
+    pq.write_table(table, path)
 
 
 def dense_seed_block(
