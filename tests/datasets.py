@@ -136,12 +136,21 @@ def hand_config(strategy: str = "dense", reduce_dim: int = 256, dim: int = 32):
     )
 
 
+def write_artifacts_manifest(out: Path, dataset: Path, kg, config, **extra) -> None:
+    """The top-level manifest of artifacts written by hand: the dataset, its fingerprint, the config and
+    ``extra`` entries (a ``step_budget``, stage ``fingerprints``)."""
+    from seeder.config import to_dict
+    from seeder.system.io import write_manifest
+
+    manifest = {"kind": "seeder-artifacts", "dataset": str(dataset), "dataset_fingerprint": kg.fingerprint}
+    write_manifest(out, {**manifest, "config": to_dict(config), **extra})
+
+
 def preprocess_by_hand(dataset: Path, out: Path, config, step_budget=None) -> Path:
     """Artifacts of ``dataset`` at ``out`` without Ray: hash features of every text (``config.embed``), the
     library's seeds stage and K-HOP-WITH-FILTERING, and a manifest as preprocessing writes it."""
     import pyarrow.parquet as pq
 
-    from seeder.config import to_dict
     from seeder.data.store import open_dataset
     from seeder.features.embed import HashEncoder
     from seeder.preprocessing.artifacts import read_seed_table
@@ -170,14 +179,5 @@ def preprocess_by_hand(dataset: Path, out: Path, config, step_budget=None) -> Pa
     (out / "subgraphs").mkdir()
     pq.write_table(subgraphs.to_arrow(), out / "subgraphs" / "part-00000.parquet")
     write_manifest(out / "subgraphs", {"stage": "subgraphs"})
-    write_manifest(
-        out,
-        {
-            "kind": "seeder-artifacts",
-            "dataset": str(dataset),
-            "dataset_fingerprint": kg.fingerprint,
-            "config": to_dict(config),
-            **({"step_budget": step_budget} if step_budget else {}),
-        },
-    )
+    write_artifacts_manifest(out, dataset, kg, config, **({"step_budget": step_budget} if step_budget else {}))
     return out

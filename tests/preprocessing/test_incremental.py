@@ -22,7 +22,7 @@ from seeder.preprocessing import incremental as inc
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import open_artifacts, read_seed_table
 from seeder.system.io import DataError, write_manifest
-from tests.datasets import write_tiny_dataset
+from tests.datasets import write_artifacts_manifest, write_tiny_dataset
 
 SHARD_ROWS = 64
 
@@ -129,17 +129,7 @@ def full_run(dataset: Path, out: Path, config) -> Path:
 
 
 def write_top_manifest(out: Path, dataset: Path, kg, config) -> None:
-    fps = pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes)
-    write_manifest(
-        out,
-        {
-            "kind": "seeder-artifacts",
-            "dataset": str(dataset),
-            "dataset_fingerprint": kg.fingerprint,
-            "config": to_dict(config),
-            "fingerprints": fps,
-        },
-    )
+    write_artifacts_manifest(out, dataset, kg, config, fingerprints=pp.stage_fingerprints(config, kg.fingerprint, kg.num_nodes))
 
 
 def update_run(dataset: Path, parent_out: Path, out: Path, config, refit_prior: bool = False) -> dict:
