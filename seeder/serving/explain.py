@@ -1,33 +1,43 @@
-"""Why a node was retrieved: the path of subgraph edges that joins it to a seed along the expansion.
+"""Why a node was retrieved: the path of subgraph edges that joins it to a seed through the expansion.
 
 The policy grows the selected set step by step, each step adding nodes adjacent to the set so far
-(paper, Section 4), so every node of the retrieved set has an edge to a node selected at an earlier
-step. Following such edges back ends at a seed: that chain, read from the seed, is the node's path. Of
-several parent edges, the one whose path the relation-path prior (``seeder.retrieve.prior``) rates
-highest for the question is taken, where the artifacts have one: the path of the parent extended by the
-edge's relation, walked node by node in the order of the steps. Then the parent selected first (the
-shortest way back); then the relation whose text reads most like the question (cosine of their
-features); then the subgraph's edge order. So a person who directed and wrote a film is joined to it by
-the relation the question asks about, and an answer is explained along the question's path rather than
-through a genre it shares with the seed. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a path
-never names a fact the graph does not hold.
+(paper, Section 4), so every retrieved node is joined to a seed by edges between selected nodes. Of
+those walks, the one the relation-path prior (``seeder.retrieve.prior``) rates highest for the question
+explains the node, where the artifacts have one: a search over (node, prefix of a vocabulary path)
+pairs, one hop a level over the edges between retrieved nodes, keeps for each node its walk of largest
+path term. So a 3-hop answer that the policy happened to pick at its first step, as a neighbour of the
+seed, is still explained along the question's three relations when the nodes between are retrieved
+too, and a person who directed and wrote a film is joined to it by the relation the question asks
+about. A walk never steps straight back to the node it came from. Where no walk follows a path of the
+prior (or there is no prior), the node's parent is the node it was added next to: the one selected
+first, then the relation whose text reads most like the question (cosine of their features), then the
+subgraph's edge order. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a
+path never names a fact the graph does not hold.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
-from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+from seeder.data.subgraphs import SubgraphSet, offsets_of, segment_ids, sorted_lookup
 from seeder.retrieve.prior import OFF_PATH_TERM
 
 
-def _num_relations(relation_scores: np.ndarray | None, prior_terms: tuple[np.ndarray, np.ndarray] | None) -> int:
-    """R, from whichever per-relation input is given (0 when neither is: then nothing reads the ids)."""
-    if relation_scores is not None:
-        return relation_scores.shape[1] // 2
-    if prior_terms is not None:
-        return prior_terms[1].shape[1] // 2
-    return 0
+class PriorTerms(NamedTuple):
+    """The relation-path prior's view of a call's questions (``RelationPathPrior.path_terms``)."""
+
+    path: np.ndarray  # [Q, T] log mass of the vocabulary paths through or ending at each trie node
+    ending: np.ndarray  # [Q, T] log mass of the paths ending at it
+    children: np.ndarray  # [T, 2R] the trie node of (trie node, relation id), or -1
+
+
+def _ragged_positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + c)`` for each (start, count)."""
+    ptr = offsets_of(counts)
+    return np.repeat(starts - ptr[:-1], counts) + np.arange(ptr[-1])
 
 
 def expansion_paths(
@@ -35,7 +45,7 @@ def expansion_paths(
     ranking: np.ndarray,
     steps: np.ndarray,
     relation_scores: np.ndarray | None = None,
-    prior_terms: tuple[np.ndarray, np.ndarray] | None = None,
+    prior_terms: PriorTerms | None = None,
 ) -> tuple[np.ndarray, ...]:
     """For every (question, rank) of ``ranking`` [Q, L] (global node ids, -1 padded) with ``steps`` [Q, L]
     (0 for a seed, t + 1 for a node added at expansion step t, -1 outside the retrieved set), the path
@@ -44,8 +54,7 @@ def expansion_paths(
     (from -relation-> to) and False where it goes against it (to -relation-> from). A seed's path is
     empty; so is that of a node outside the retrieved set. ``relation_scores`` [Q, 2R]: how well each
     relation id (r forward, r + R inverse) fits each question, to choose among a node's parent edges.
-    ``prior_terms``: the prior's [Q, T] log path terms and its trie's children [T, 2R], which choose
-    first."""
+    ``prior_terms``: the prior's terms for these questions, which choose first."""
     num_q, width = ranking.shape
     depth = int(max(steps.max(initial=0), 0))
     empty = np.full((num_q, width, depth), -1, dtype=np.int64)
@@ -76,8 +85,10 @@ def expansion_paths(
     along = np.concatenate([np.ones(forward.sum(), bool), np.zeros(backward.sum(), bool)])
     edge_index = np.concatenate([np.flatnonzero(forward), np.flatnonzero(backward)])
     question = edge_query[edge_index]
-    walked = relation + np.where(along, 0, _num_relations(relation_scores, prior_terms))  # id in the direction walked
-    fit = relation_scores[question, walked] if relation_scores is not None and len(child) else np.zeros(len(child), np.float32)
+    if relation_scores is not None and len(child):
+        fit = relation_scores[question, relation + np.where(along, 0, relation_scores.shape[1] // 2)]  # id as walked
+    else:
+        fit = np.zeros(len(child), np.float32)
 
     def per_child(candidates: np.ndarray, *keys: np.ndarray) -> np.ndarray:
         """The best of each child's candidate edges: by ``keys``, most significant last, then edge order."""
@@ -85,22 +96,7 @@ def expansion_paths(
         kids = child[candidates][order]
         return candidates[order[np.r_[True, kids[1:] != kids[:-1]]]] if len(order) else candidates
 
-    if prior_terms is None:
-        first = per_child(np.arange(len(child)), -fit, step[parent])
-    else:
-        # Level by level: a node's trie position is its chosen parent's, extended by the edge's relation.
-        terms, trie_children = prior_terms
-        trie_of = np.where(step == 0, 0, -1)  # seeds sit at the trie's root
-        chosen = []
-        for level in range(1, depth + 1):
-            candidates = np.flatnonzero(step[child] == level)
-            at = trie_of[parent[candidates]]
-            after = np.where(at >= 0, trie_children[np.maximum(at, 0), walked[candidates]], -1)
-            mass = np.where(after >= 0, terms[question[candidates], np.maximum(after, 0)], OFF_PATH_TERM)
-            pick = per_child(candidates, -fit[candidates], step[parent[candidates]], -mass)
-            trie_of[child[pick]] = after[np.searchsorted(candidates, pick)]
-            chosen.append(pick)
-        first = np.concatenate(chosen)
+    first = per_child(np.arange(len(child)), -fit, step[parent])
     parent_of = np.full(len(step), -1, dtype=np.int64)
     relation_of = np.full(len(step), -1, dtype=np.int64)
     along_of = np.zeros(len(step), dtype=bool)
@@ -126,4 +122,112 @@ def expansion_paths(
         hops_rel[q, r, s] = rel[q, r]
         hops_along[q, r, s] = fwd[q, r]
         hops_to[q, r, s] = subgraphs.nodes[to[q, r]]
-    return hops_from, hops_rel, hops_along, hops_to
+    hops = (hops_from, hops_rel, hops_along, hops_to)
+    if prior_terms is None:
+        return hops
+    # Where a walk spells one of the prior's paths, the likeliest such walk explains the node instead.
+    walks = _prior_walks(subgraphs, step, node_query, head, tail, prior_terms)
+    chosen = np.where(found & (steps > 0), walks.best_state[np.maximum(local, 0)], -1)  # [Q, L]: a walk, or -1
+    return _overlay(hops, walks.hops(chosen, subgraphs.nodes), chosen >= 0)
+
+
+@dataclass
+class _Walks:
+    """States of the prior-guided search: a (node, trie node) pair reached by a walk from a seed."""
+
+    arc: np.ndarray  # [S] the last hop's (from, relation, forward, to) index into ``arcs``; -1 at a seed
+    parent: np.ndarray  # [S] the state it came from; -1 at a seed
+    level: np.ndarray  # [S] hops from the seed
+    arcs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # flat local from, relation, forward, to
+    best_state: np.ndarray  # [N] each flat subgraph node's best walk (largest path term), or -1
+
+    def hops(self, chosen: np.ndarray, nodes: np.ndarray):
+        """The walks of ``chosen`` [Q, L] states as hop arrays [Q, L, D], seed first."""
+        depth = int(self.level.max(initial=0))
+        out_from, out_rel = (np.full(chosen.shape + (depth,), -1, np.int64) for _ in range(2))
+        out_along, out_to = np.zeros(chosen.shape + (depth,), bool), np.full(chosen.shape + (depth,), -1, np.int64)
+        arc_from, arc_rel, arc_along, arc_to = self.arcs
+        at = chosen
+        for _ in range(depth):
+            q, r = np.nonzero((at >= 0) & (self.arc[np.maximum(at, 0)] >= 0))
+            state = at[q, r]
+            arc, slot = self.arc[state], self.level[state] - 1
+            out_from[q, r, slot] = nodes[arc_from[arc]]
+            out_rel[q, r, slot] = arc_rel[arc]
+            out_along[q, r, slot] = arc_along[arc]
+            out_to[q, r, slot] = nodes[arc_to[arc]]
+            at = np.where(at >= 0, self.parent[np.maximum(at, 0)], -1)
+        return out_from, out_rel, out_along, out_to
+
+
+def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms) -> _Walks:
+    """Walks from the seeds over edges between retrieved nodes that spell a prefix of a path of the prior's
+    vocabulary, one hop a level (the trie is finite, so the levels are too). Of the walks that reach one
+    (node, trie node) pair, which all spell the same relations, one that never went back along the edge it
+    had just taken is kept, then the one through the parent selected first, then edge order.
+
+    ``best_state`` picks each node's walk: the largest mass of paths ending there (the node read as an
+    answer of that path), then a walk without such a step back, then the largest path term (the node read
+    as one on the way), then the shorter walk; only walks whose path term is above the floor of paths off
+    the prior count. A step back is the question's own logic where a seed's neighbour answers a longer
+    path through the seed ("the films written by the writer of X" include X): it is kept, but any other
+    walk as likely wins over it."""
+    num_ids = prior.children.shape[1]
+    inside = np.flatnonzero((step[head] >= 0) & (step[tail] >= 0))
+    arc_from = np.concatenate([head[inside], tail[inside]])
+    arc_edge = np.concatenate([inside, inside])
+    grouped = np.lexsort((arc_edge, arc_from))  # arcs leaving one node together, in edge order
+    arc_from, arc_edge = arc_from[grouped], arc_edge[grouped]
+    arc_to = np.concatenate([tail[inside], head[inside]])[grouped]
+    arc_along = np.r_[np.ones(len(inside), bool), np.zeros(len(inside), bool)][grouped]
+    arc_rel = subgraphs.edge_rel[arc_edge].astype(np.int64)
+    arc_walked = arc_rel + np.where(arc_along, 0, num_ids // 2)
+    arc_ptr = np.searchsorted(arc_from, np.arange(len(step) + 1))
+
+    seeds = np.flatnonzero(step == 0)
+    node, trie = [seeds], [np.zeros(len(seeds), np.int64)]
+    arc, parent, back = [np.full(len(seeds), -1)], [np.full(len(seeds), -1)], [np.zeros(len(seeds), bool)]
+    frontier, offset = np.arange(len(seeds)), len(seeds)
+    while len(frontier):
+        at, at_trie, at_arc = node[-1], trie[-1], arc[-1]
+        counts = arc_ptr[at + 1] - arc_ptr[at]
+        source = np.repeat(np.arange(len(at)), counts)
+        hop = _ragged_positions(arc_ptr[at], counts)
+        to_trie = prior.children[at_trie[source], arc_walked[hop]].astype(np.int64)
+        keep = to_trie >= 0
+        source, hop, to_trie = source[keep], hop[keep], to_trie[keep]
+        came_by = np.where(at_arc[source] >= 0, arc_edge[np.maximum(at_arc[source], 0)], -1)
+        backtracked = back[-1][source] | (arc_edge[hop] == came_by)
+        # One state per (node, trie node): a walk that never went back along the edge it had just taken,
+        # through the earliest-selected parent, then in edge order.
+        pick = np.lexsort((hop, step[at[source]], backtracked, to_trie, arc_to[hop]))
+        pair = np.stack([arc_to[hop][pick], to_trie[pick]])
+        pick = pick[np.r_[True, (pair[:, 1:] != pair[:, :-1]).any(axis=0)]] if len(pick) else pick
+        node.append(arc_to[hop[pick]])
+        trie.append(to_trie[pick])
+        arc.append(hop[pick])
+        parent.append(frontier[source[pick]])
+        back.append(backtracked[pick])
+        frontier = offset + np.arange(len(pick))
+        offset += len(pick)
+    level = np.concatenate([np.full(len(n), hops, np.int64) for hops, n in enumerate(node)])
+    node, trie, arc, parent, back = (np.concatenate(x) for x in (node, trie, arc, parent, back))
+    question = node_query[node]
+    term, ending = prior.path[question, trie], prior.ending[question, trie]
+    valid = np.flatnonzero((level > 0) & (term > OFF_PATH_TERM))
+    best = valid[np.lexsort((level[valid], -term[valid], back[valid], -ending[valid], node[valid]))]
+    first = best[np.r_[True, node[best][1:] != node[best][:-1]]] if len(best) else best
+    best_state = np.full(len(step), -1, dtype=np.int64)
+    best_state[node[first]] = first
+    return _Walks(arc=arc, parent=parent, level=level, arcs=(arc_from, arc_rel, arc_along, arc_to), best_state=best_state)
+
+
+def _overlay(hops, walk_hops, use_walk: np.ndarray):
+    """``walk_hops`` where ``use_walk`` [Q, L], else ``hops``, padded to the deeper of the two."""
+    depth = max(hops[0].shape[2], walk_hops[0].shape[2])
+
+    def padded(array):
+        fill = False if array.dtype == bool else -1
+        return np.pad(array, ((0, 0), (0, 0), (0, depth - array.shape[2])), constant_values=fill)
+
+    return tuple(np.where(use_walk[:, :, None], padded(w), padded(h)) for h, w in zip(hops, walk_hops))

@@ -38,7 +38,7 @@ from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, 
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
 from seeder.retrieve.topk import pad_rows
-from seeder.serving.explain import expansion_paths
+from seeder.serving.explain import PriorTerms, expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
 
@@ -529,17 +529,17 @@ class Retriever:
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
     def _prior_terms(self, questions, subgraphs: SubgraphSet, query_features: np.ndarray | None):
-        """The relation-path prior's log path terms and trie children for these questions, which choose
-        each node's explaining path (``seeder.serving.explain``); None without a prior."""
+        """The relation-path prior's terms for these questions, which choose each node's explaining path
+        (``seeder.serving.explain``); None without a prior."""
         if self.prior is None or query_features is None:
             return None
         from seeder.retrieve.khop import prior_path_terms  # numba: loaded with the first question anyway
 
         features = np.asarray(query_features, np.float32)
-        terms, _ = prior_path_terms(
+        terms, ending = prior_path_terms(
             self.artifacts.dataset, self.graph, self.prior, features, seed_rows(subgraphs), list(questions)
         )
-        return terms, self.prior.trie.children
+        return PriorTerms(terms, ending, self.prior.trie.children)
 
     def _hits(
         self,

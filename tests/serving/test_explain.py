@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from seeder.data.subgraphs import SubgraphSet
-from seeder.serving.explain import expansion_paths
+from seeder.serving.explain import PriorTerms, expansion_paths
 
 NUM_RELATIONS = 3
 
@@ -83,9 +83,80 @@ def test_the_relation_path_prior_chooses_first_and_follows_the_chosen_parent():
     terms = np.log(np.array([[1.0, 0.9, 0.8]], np.float32))
     cosine = np.zeros((1, num_ids), np.float32)
     cosine[0, 0] = 0.9
-    hop_from, hop_rel, hop_along, hop_to = expansion_paths(subgraph(EDGES), RANKING, STEPS, cosine, (terms, children))
+    hop_from, hop_rel, hop_along, hop_to = expansion_paths(
+        subgraph(EDGES), RANKING, STEPS, cosine, PriorTerms(terms, terms, children)
+    )
     assert [int(r) for r in hop_rel[0, 1] if r >= 0] == [1]
     assert [int(r) for r in hop_rel[0, 0] if r >= 0] == [1, 2] and not bool(hop_along[0, 0, 1])
     # Without mass on relation 1's path, the cosine decides among the off-trie edges.
-    hop_rel = expansion_paths(subgraph(EDGES), RANKING, STEPS, cosine, (terms, np.full((3, num_ids), -1, np.int32)))[1]
+    hop_rel = expansion_paths(
+        subgraph(EDGES), RANKING, STEPS, cosine, PriorTerms(terms, terms, np.full((3, num_ids), -1, np.int32))
+    )[1]
     assert [int(r) for r in hop_rel[0, 1] if r >= 0] == [0]
+
+
+def test_an_answer_picked_early_is_explained_along_the_priors_path_through_later_nodes():
+    """Seed 10 starred 11 (an early pick, one hop away), was directed by 12, who directed 13, which
+    starred 11. The prior's path is directed_by, directed_by inverse, starred: 11 is explained along
+    it through 12 and 13, though both were selected after it; without the prior, by its own first hop."""
+    starred, directed_by = 0, 1
+    edges = [(0, 1, starred), (0, 2, directed_by), (3, 2, directed_by), (3, 1, starred)]
+    ranking, steps = np.array([[11, 12, 13, 10]]), np.array([[1, 2, 3, 0]])
+    num_ids = 2 * NUM_RELATIONS
+    children = np.full((4, num_ids), -1, np.int32)
+    children[0, directed_by] = 1
+    children[1, directed_by + NUM_RELATIONS] = 2
+    children[2, starred] = 3
+    children[0, starred] = -1  # no path of the prior starts with starred
+    terms = np.log(np.array([[1.0, 0.9, 0.9, 0.9]], np.float32))
+    hop_from, hop_rel, hop_along, hop_to = expansion_paths(
+        subgraph(edges), ranking, steps, None, PriorTerms(terms, terms, children)
+    )
+    answer = [
+        (int(f), int(r), bool(a), int(t)) for f, r, a, t in zip(hop_from[0, 0], hop_rel[0, 0], hop_along[0, 0], hop_to[0, 0])
+    ]
+    assert answer == [(10, directed_by, True, 12), (12, directed_by, False, 13), (13, starred, True, 11)]
+    assert [int(r) for r in hop_rel[0, 1] if r >= 0] == [directed_by]  # 12: the prior's first hop
+    assert [int(r) for r in hop_rel[0, 3] if r >= 0] == []  # the seed
+    plain = expansion_paths(subgraph(edges), ranking, steps)[1]
+    assert [int(r) for r in plain[0, 0] if r >= 0] == [starred]
+
+
+def test_a_walk_back_along_the_edge_it_took_loses_to_any_walk_as_likely():
+    """11 ends two paths of the prior: r0, r1, r1 inverse, only by 10 -> 11 -> 12 -> 11 (back along the
+    edge 11 -r1-> 12), and r2, by the edge 10 -r2-> 11. Where both end as much mass, the walk without the
+    step back explains 11; where the longer path ends more, it does (the question's own logic)."""
+    edges = [(0, 1, 0), (1, 2, 1), (0, 1, 2)]
+    ranking, steps = np.array([[11, 12, 10, 13]]), np.array([[1, 2, 0, -1]])
+    children = np.full((5, 2 * NUM_RELATIONS), -1, np.int32)
+    children[0, 0] = 1
+    children[1, 1] = 2
+    children[2, 1 + NUM_RELATIONS] = 3
+    children[0, 2] = 4
+    path = np.log(np.array([[1.0, 0.9, 0.8, 0.7, 0.5]], np.float32))
+    for longer, expected in ((0.5, [2]), (0.6, [0, 1, 1])):
+        ending = np.log(np.array([[1e-6, 1e-6, 1e-6, longer, 0.5]], np.float32))
+        hop_rel = expansion_paths(subgraph(edges), ranking, steps, None, PriorTerms(path, ending, children))[1]
+        assert [int(r) for r in hop_rel[0, 0] if r >= 0] == expected
+
+
+def test_an_answer_on_the_way_is_explained_by_the_path_that_ends_at_it():
+    """ "Who wrote the films of the director of 10?": 11 directed 10 and 12, and wrote 12. Read as a node
+    on the way, 11 is one hop from the seed (its path term, the mass through directed_by, is the largest);
+    read as an answer it is the end of directed_by, directed_by inverse, written_by, which the ending mass
+    picks: 10 -> 11 -> 12 -> 11, back to 11 by another edge than the one it left by."""
+    directed_by, written_by = 0, 1
+    edges = [(0, 1, directed_by), (2, 1, directed_by), (2, 1, written_by)]
+    ranking, steps = np.array([[11, 12, 10, 13]]), np.array([[1, 2, 0, -1]])
+    children = np.full((4, 2 * NUM_RELATIONS), -1, np.int32)
+    children[0, directed_by] = 1
+    children[1, directed_by + NUM_RELATIONS] = 2
+    children[2, written_by] = 3
+    path = np.log(np.array([[1.0, 0.99, 0.98, 0.97]], np.float32))
+    ending = np.log(np.array([[1e-6, 0.01, 0.01, 0.97]], np.float32))
+    hops = expansion_paths(subgraph(edges), ranking, steps, None, PriorTerms(path, ending, children))
+    assert [int(r) for r in hops[1][0, 0] if r >= 0] == [directed_by, directed_by, written_by]
+    assert [int(t) for t in hops[3][0, 0] if t >= 0] == [11, 12, 11]
+    # By the path term alone (the ending mass gives no preference), the shorter walk.
+    hops = expansion_paths(subgraph(edges), ranking, steps, None, PriorTerms(path, np.zeros_like(path), children))
+    assert [int(r) for r in hops[1][0, 0] if r >= 0] == [directed_by]
