@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -54,6 +56,31 @@ def ray_space(space: dict[str, sw.Dimension]) -> dict:
         else:
             out[key] = tune.randint(int(dim.low), int(dim.high) + 1)  # randint's upper end is exclusive
     return out
+
+
+def _experiment_filesystem(experiment: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in experiment:
+        return pafs.FileSystem.from_uri(experiment)
+    return pafs.LocalFileSystem(), experiment
+
+
+def tune_state_saved(experiment: str) -> bool:
+    """Whether Tune has saved the experiment's state (``experiment_state-*.json``) in its directory (a
+    path or URI). A sweep killed before the first save, a few seconds in, has none: ``Tuner.restore``
+    would then find its tuner but start over with a searcher that has lost its space."""
+    try:
+        fs, root = _experiment_filesystem(experiment)
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    except (ValueError, OSError):  # a location pyarrow cannot list: leave the decision to Tune
+        return True
+    return any(i.base_name.startswith("experiment_state-") and i.base_name.endswith(".json") for i in infos)
+
+
+def clear_experiment(experiment: str) -> None:
+    """Remove what a sweep killed before Tune's first save left in its directory, so that it starts over."""
+    fs, root = _experiment_filesystem(experiment)
+    if fs.get_file_info(root).type != pafs.FileType.NotFound:
+        fs.delete_dir(root)
 
 
 def name_of(trial) -> str:
@@ -332,9 +359,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     from ray.tune.search.optuna import OptunaSearch
 
     check_tracking_reaches_workers(start_ray(args.ray_address, args.num_cpus, who="sweep"), uri)
-    resuming = args.resume and tune.Tuner.can_restore(str(Path(storage) / name) if experiment_dir else f"{storage}/{name}")
+    experiment = str(experiment_dir) if experiment_dir else f"{storage}/{name}"
+    resuming = args.resume and tune.Tuner.can_restore(experiment) and tune_state_saved(experiment)
     if args.resume and not resuming:
         print(f"nothing to resume at {storage}/{name}; starting the sweep", file=sys.stderr)
+        if state_path and state_path.is_file():  # the parent run of a sweep that died before saving anything
+            client.update_run(json.loads(state_path.read_text())["parent_run_id"], status="KILLED")
+        clear_experiment(experiment)
     if resuming and state_path and state_path.is_file():
         state = json.loads(state_path.read_text())
         parent_run_id = state["parent_run_id"]
@@ -382,7 +413,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if resuming:
         tuner = tune.Tuner.restore(
-            str(experiment_dir) if experiment_dir else f"{storage}/{name}",
+            experiment,
             trainable=fn,
             resume_errored=False,
             restart_errored=False,

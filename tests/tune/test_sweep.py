@@ -425,3 +425,19 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
         ).fetchall()
     assert sorted(n for n, _ in runs) == trial_dirs and all(s == "FINISHED" for _, s in runs)
     assert all(total == distinct for _, total, distinct in steps), f"an epoch was logged twice: {steps}"
+
+
+def test_a_sweep_killed_before_tunes_first_save_has_nothing_to_resume(tmp_path):
+    """Tune writes its tuner at once and its experiment state a few seconds in: between the two, a
+    directory can be restored by name but holds no state, and ``--resume`` starts the sweep over."""
+    from tune.sweep import clear_experiment, tune_state_saved
+
+    experiment = tmp_path / "s"
+    (experiment / "trial_0").mkdir(parents=True)
+    (experiment / "tuner.pkl").write_bytes(b"")
+    assert not tune_state_saved(str(experiment))
+    (experiment / "experiment_state-0.json").write_text("{}")
+    assert tune_state_saved(str(experiment))
+    clear_experiment(str(experiment))
+    assert not experiment.exists() and not tune_state_saved(str(experiment))
+    clear_experiment(str(experiment))  # nothing there: nothing to do
