@@ -4,11 +4,12 @@ The policy grows the selected set step by step, each step adding nodes adjacent 
 (paper, Section 4), so every retrieved node is joined to a seed by edges between selected nodes. Of
 those walks, the one the relation-path prior (``seeder.retrieve.prior``) rates highest for the question
 explains the node, where the artifacts have one: a search over (node, prefix of a vocabulary path)
-pairs, one hop a level over the edges between retrieved nodes, keeps for each node its walk of largest
-path term. So a 3-hop answer that the policy happened to pick at its first step, as a neighbour of the
-seed, is still explained along the question's three relations when the nodes between are retrieved
-too, and a person who directed and wrote a film is joined to it by the relation the question asks
-about. A walk never steps straight back to the node it came from. Where no walk follows a path of the
+pairs, one hop a level over the edges between retrieved nodes, keeps for each node the walk whose path
+ends the most prior mass there (``_prior_walks`` gives the order of the ties). So a 3-hop answer that
+the policy happened to pick at its first step, as a neighbour of the seed, is still explained along the
+question's three relations when the nodes between are retrieved too, and a person who directed and
+wrote a film is joined to it by the relation the question asks about. A walk that goes back along the
+edge it just took loses to any other walk as likely. Where no walk follows a path of the
 prior (or there is no prior), the node's parent is the node it was added next to: the one selected
 first, then the relation whose text reads most like the question (cosine of their features), then the
 subgraph's edge order. The edges are the graph's own, as K-HOP-WITH-FILTERING extracted them, so a
@@ -139,7 +140,7 @@ class _Walks:
     parent: np.ndarray  # [S] the state it came from; -1 at a seed
     level: np.ndarray  # [S] hops from the seed
     arcs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # flat local from, relation, forward, to
-    best_state: np.ndarray  # [N] each flat subgraph node's best walk (largest path term), or -1
+    best_state: np.ndarray  # [N] each flat subgraph node's explaining walk (``_prior_walks``), or -1
 
     def hops(self, chosen: np.ndarray, nodes: np.ndarray):
         """The walks of ``chosen`` [Q, L] states as hop arrays [Q, L, D], seed first."""
