@@ -15,12 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from measure import REPO, run_measured
 
 BIN = Path(sys.executable).parent
+STAGE_LINE = re.compile(r"^(\w+): .* in [\d.]+ s \([\d,.]+ \S+/s\)")
+"""The line preprocessing prints as each of its stages ends (``seeds: ... in 9.1 s (2,190 queries/s)``)."""
+
+
+def stage_ended(line: str) -> str | None:
+    match = STAGE_LINE.match(line)
+    return match.group(1) if match else None
 
 
 def main() -> int:
@@ -146,7 +154,7 @@ def main() -> int:
     results = {}
     for name, cmd in stages:
         print(f"== {name}: {' '.join(cmd)}", flush=True)
-        code, wall, peak, lines = run_measured(cmd)
+        code, wall, peak, lines = run_measured(cmd, phase_end=stage_ended if name == "preprocess" else None)
         if code != 0:
             print("".join(lines[-40:]))
             raise SystemExit(f"{name} failed with exit code {code}")
@@ -156,6 +164,7 @@ def main() -> int:
             "peak_process_gb": run_measured.last_peak_process / 1e9,
             "peak_process_anon_gb": run_measured.last_peak_anon / 1e9,
             "peak_process": run_measured.last_peak_title,
+            "phases": run_measured.last_phases,
         }
 
     manifest = json.loads((dataset / "manifest.json").read_text())
@@ -175,6 +184,20 @@ def main() -> int:
     print("\npreprocessing stages (from summary.json):")
     for name, st in per_stage.items():
         print(f"  {name:10s} {st['seconds']:8.1f} s  {st['per_second']:>12,.0f} {st['unit']}/s")
+    phases = {p["name"]: p for p in results["preprocess"]["phases"]}
+    print(
+        f"\npreprocessing stages, peak memory (GB) while each ran (sampled every 0.5 s; "
+        f"'after' is the summary and ceilings):\n  {'stage':10s} {'wall s':>8s} {'all':>7s} {'1 process':>10s} {'anon':>6s}"
+    )
+    for name in [*per_stage, None]:
+        phase = phases.get(name)
+        if phase is None:
+            continue
+        seconds = f"{per_stage[name]['seconds']:8.1f}" if name in per_stage else f"{'':8s}"
+        print(
+            f"  {name or 'after':10s} {seconds} {phase['peak_rss'] / 1e9:7.2f} {phase['peak_process_rss'] / 1e9:10.2f} "
+            f"{phase['peak_process_anon'] / 1e9:6.2f}   largest: {phase['peak_process_title']}"
+        )
     print(
         f"  per-query subgraph cost: {1000 * per_stage['subgraphs']['seconds'] / counts['queries']:.3f} ms "
         f"(compare with another --nodes at the same --queries per core)"

@@ -54,6 +54,18 @@ BIN = Path(sys.executable).parent  # the virtualenv's bin: ray, python
 RAY = str(BIN / "ray")
 
 TERMINAL_JOB_STATES = {"SUCCEEDED", "FAILED", "STOPPED"}
+STARTUP_ATTEMPTS = 3
+"""How many times a worker's ``ray start`` is tried when it times out waiting for the GCS."""
+STARTUP_TIMEOUT = "timed out during startup"
+"""What Ray's ``ray start`` prints when the GCS did not answer its node's registration in time."""
+
+
+class NodeExited(RuntimeError):
+    """A node's ``ray start`` exited before the node was alive; ``log_tail`` is what it printed last."""
+
+    def __init__(self, message: str, log_tail: str):
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 # --------------------------------------------------------------------------- preconditions
@@ -239,6 +251,7 @@ class Node:
     node_id: str | None = None
     private: Path | None = None  # the node's own directory (inside its namespace only), for workers
     ns_fd: int | None = None  # an open handle on the namespace: keeps its number from being reused
+    start: tuple[str, Mapping[str, str]] | None = None  # (script, env) that started it, for a retry
 
     def pids(self) -> list[int]:
         """The node's live processes: raylet, agents, Ray workers, and for the head GCS, dashboard and
@@ -463,7 +476,7 @@ class Cluster:
         )
         known = {n.node_id for n in self.dead}
         node = self._spawn(name, script, node_env)
-        node.resource, node.private = resource, private
+        node.resource, node.private, node.start = resource, private, (script, node_env)
         self.workers[name] = node
         if wait:
             self.wait_for_worker(name, timeout=timeout, exclude=known)
@@ -471,19 +484,51 @@ class Cluster:
 
     def wait_for_worker(self, name: str, timeout: float = 90, exclude: Iterable[str] = ()) -> str:
         """Wait until worker ``name`` is alive in the GCS and return (and record) its node id. Ids in
-        ``exclude`` (a killed node of the same name) do not count."""
-        node = self.workers[name]
+        ``exclude`` (a killed node of the same name) do not count.
+
+        A ``ray start`` that gives up because the GCS did not answer in time (Ray's "timed out during
+        startup": seen when the whole test suite loads the two cores) is started again, up to
+        ``STARTUP_ATTEMPTS`` times in all; any other exit fails at once."""
         exclude = set(exclude) | {n.node_id for n in self.dead}
-        node.node_id = self._wait_for_node(
-            node, lambda n: node.resource in (n.get("resources_total") or {}) and n["node_id"] not in exclude, timeout=timeout
-        )
-        return node.node_id
+        for attempt in range(1, STARTUP_ATTEMPTS + 1):
+            node = self.workers[name]
+            try:
+                node.node_id = self._wait_for_node(
+                    node,
+                    lambda n: node.resource in (n.get("resources_total") or {}) and n["node_id"] not in exclude,
+                    timeout=timeout,
+                )
+                return node.node_id
+            except NodeExited as exited:
+                if attempt == STARTUP_ATTEMPTS or STARTUP_TIMEOUT not in exited.log_tail:
+                    raise
+            # The raylet of the failed start may have registered meanwhile: kill it and let the GCS
+            # declare it dead, so that only the new start's node can match.
+            node.kill()
+            self._wait_until_none_alive(node.resource, timeout=30)
+            with contextlib.suppress(OSError):
+                with open(node.log, "a") as log:
+                    log.write(f"\n--- harness: ray start timed out (attempt {attempt}); starting node {name} again ---\n")
+            script, env = node.start
+            again = self._spawn(name, script, env)
+            again.resource, again.private, again.start = node.resource, node.private, node.start
+            self.workers[name] = again
+        raise AssertionError("unreachable")
+
+    def _wait_until_none_alive(self, resource: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if not any(e.get("state") == "ALIVE" and resource in (e.get("resources_total") or {}) for e in self.nodes()):
+                    return
+            time.sleep(0.5)
 
     def _wait_for_node(self, node: Node, match, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while True:
             if node.proc.poll() is not None:
-                raise RuntimeError(f"node {node.name} exited with {node.proc.returncode}:\n{_tail(node.log)}")
+                tail = _tail(node.log)
+                raise NodeExited(f"node {node.name} exited with {node.proc.returncode}:\n{tail}", tail)
             with contextlib.suppress(OSError, ValueError):
                 for entry in self.nodes():
                     if entry.get("state") == "ALIVE" and match(entry):
