@@ -13,7 +13,9 @@ discard the contents, so anything else is left alone.
 
 ``resident_bytes`` tells how much of a mapping this process holds, so that a long-lived reader with
 scattered reads (an expansion worker reads node rows from all over the features) can let go only once
-it holds more than a budget, rather than after every read.
+it holds more than a budget, rather than after every read. It walks ``/proc/self/smaps`` (15 ms with 2
+GB resident); ``file_resident_bytes``, the process's file-backed resident total from
+``/proc/self/status``, costs a hundredth of that and suits a check after every batch.
 """
 
 from __future__ import annotations
@@ -63,6 +65,21 @@ def resident_bytes(view: np.ndarray) -> int | None:
                 elif line.startswith("Rss:"):
                     return int(line.split()[1]) * 1024
     except OSError:
+        return None
+    return None
+
+
+def file_resident_bytes() -> int | None:
+    """Bytes of file-backed pages resident in this process (``RssFile`` of ``/proc/self/status``: every
+    file mapping together, libraries included); None where that is unknown (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         return None
     return None
 
