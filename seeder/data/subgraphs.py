@@ -20,6 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from seeder.data.ragged import offsets_of, ranges
+
 SUBGRAPH_SCHEMA = pa.schema(
     [
         ("query_id", pa.int64()),
@@ -39,18 +41,6 @@ SUBGRAPH_SCHEMA = pa.schema(
 )
 
 
-def offsets_of(lengths: np.ndarray) -> np.ndarray:
-    """CSR offsets of segments of these lengths: [0, l0, l0+l1, ...]."""
-    ptr = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ptr[1:])
-    return ptr
-
-
-def segment_ids(ptr: np.ndarray) -> np.ndarray:
-    """For offsets ``ptr`` of Q segments, the segment index of every flat element."""
-    return np.repeat(np.arange(len(ptr) - 1), np.diff(ptr))
-
-
 def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(found, position) of each of ``keys`` (any shape) in the ascending ``sorted_keys``; the position
     is that of the first equal key, and meaningless where not found."""
@@ -63,9 +53,7 @@ def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
 def _gather_segments(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat positions of segments ``index`` (in that order) and the new offsets."""
     lengths = np.diff(ptr)[index]
-    new_ptr = offsets_of(lengths)
-    starts = np.repeat(ptr[:-1][index] - new_ptr[:-1], lengths)
-    return starts + np.arange(new_ptr[-1]), new_ptr
+    return ranges(ptr[:-1][index], lengths), offsets_of(lengths)
 
 
 @dataclass

@@ -41,6 +41,7 @@ import numpy as np
 
 from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, from_dict
+from seeder.data.ragged import positions_within
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.evaluation.evaluate import resolve_methods as resolve
 from seeder.preprocessing.artifacts import open_artifacts
@@ -104,7 +105,7 @@ def stratified_sample(num_queries: int, size: int, strata: np.ndarray | None, se
     # One random key per query; within each stratum the smallest ``take`` keys win.
     keys = rng.random(num_queries)
     order = np.lexsort((keys, inverse))
-    rank_in_stratum = np.arange(num_queries) - np.repeat(np.cumsum(counts) - counts, counts)
+    rank_in_stratum = positions_within(counts)
     chosen = order[rank_in_stratum < take[inverse[order]]]
     return np.sort(chosen)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from seeder.data.subgraphs import SubgraphSet, segment_ids
+from seeder.data.ragged import segment_ids
+from seeder.data.subgraphs import SubgraphSet
 from seeder.policy.model import SeedERPolicy
 from seeder.retrieve.base import RetrievalResult
 

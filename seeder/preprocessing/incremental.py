@@ -43,8 +43,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, to_dict
+from seeder.data.ragged import positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
-from seeder.data.subgraphs import SubgraphSet, segment_ids
+from seeder.data.subgraphs import SubgraphSet
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
@@ -117,7 +118,7 @@ def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, 
     if pick.size:
         lengths = n_len[pick]
         owner = np.repeat(pick, lengths)
-        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        within = positions_within(lengths)
         equal = new_flat[new_ptr[rows[owner]] + within] == old_flat[old_ptr[old_rows[owner]] + within]
         bad = np.bincount(owner[~equal], minlength=len(rows)) > 0
         same &= ~bad
@@ -457,7 +458,7 @@ def _padded(lists: list[np.ndarray], width: int) -> np.ndarray:
     if lengths.sum():
         flat = np.concatenate([x[:width] for x in lists]).astype(np.int64)
         owner = np.repeat(np.arange(len(lists)), lengths)
-        within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        within = positions_within(lengths)
         out[owner, within] = flat
     return out
 
@@ -629,8 +630,7 @@ def _neighbours(kg: KnowledgeGraph, mask: np.ndarray) -> np.ndarray:
     ids = np.flatnonzero(mask)
     indptr = np.asarray(kg.indptr)
     starts, lengths = indptr[ids], np.diff(indptr)[ids]
-    owner_starts = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    positions = np.arange(int(lengths.sum())) + owner_starts
+    positions = ranges(starts, lengths)
     out = np.zeros(kg.num_nodes, dtype=bool)
     out[np.asarray(kg.neighbors)[positions]] = True
     return out

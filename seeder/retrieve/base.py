@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seeder.data.ragged import run_positions
+
 
 @dataclass
 class RetrievalResult:
@@ -32,6 +34,4 @@ def group_rank(group: np.ndarray, score: np.ndarray, tiebreak: np.ndarray) -> tu
     """Order flat items by (group, -score, tiebreak); return (order, rank of each ordered item in its group)."""
     order = np.lexsort((tiebreak, -score, group))
     g = group[order]
-    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1] if len(g) else np.zeros(0, dtype=np.int64)
-    first = np.repeat(starts, np.diff(np.r_[starts, len(g)]))
-    return order, np.arange(len(g)) - first
+    return order, run_positions(g)

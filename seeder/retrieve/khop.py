@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seeder.config import AUTO, ConfigError, ExpandConfig, RelationScore, SeederConfig, choices
-from seeder.data.subgraphs import SubgraphSet, offsets_of, sorted_lookup
+from seeder.data.ragged import offsets_of, ranges, run_positions
+from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.dense import dense_ranking, ranking_length
 from seeder.retrieve.khop_kernels import expand_hops, induced_edges_kernel
@@ -58,24 +59,6 @@ MAX_NODES = (1 << 32) - 1
 HEAVY_DEGREE = 256
 """Nodes with a larger degree are not scanned when collecting induced edges: their edges to other
 selected nodes are looked up in a small sorted index instead (see ``GraphIndex``)."""
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated ``arange(starts[i], starts[i] + lengths[i])``; also which range each entry is from."""
-    owner = np.repeat(np.arange(len(starts)), lengths)
-    shift = np.asarray(starts, dtype=np.int64) - (np.cumsum(lengths) - lengths)  # start minus output offset
-    return np.arange(len(owner)) + shift[owner], owner
-
-
-def _group_rank(sorted_groups: np.ndarray) -> np.ndarray:
-    """Position of each element within its run of equal values (input sorted by group)."""
-    n = len(sorted_groups)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    first = np.ones(n, dtype=bool)
-    first[1:] = sorted_groups[1:] != sorted_groups[:-1]
-    starts = np.flatnonzero(first)
-    return np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
 
 
 @dataclass
@@ -118,7 +101,7 @@ class GraphIndex:
         num_nodes = kg.num_nodes
         degree = np.diff(indptr)
         heavy = np.flatnonzero(degree > heavy_degree)
-        pos, owner = _ranges(indptr[heavy], degree[heavy])
+        pos, owner = ranges(indptr[heavy], degree[heavy]), np.repeat(np.arange(len(heavy)), degree[heavy])
         rel = np.asarray(kg.edge_relations[pos])
         out = rel < kg.num_relations
         keys = owner[out].astype(np.int64) * num_nodes + np.asarray(kg.neighbors[pos[out]], dtype=np.int64)
@@ -404,7 +387,7 @@ def khop_ranking(subgraphs: SubgraphSet, dense_ids: np.ndarray, length: int) -> 
     owner = np.repeat(np.arange(num_q), subgraphs.sizes)
     order = np.lexsort((subgraphs.nodes, -subgraphs.score, owner))
     sub_q, sub_nodes = owner[order], subgraphs.nodes[order]
-    sub_prio = _group_rank(sub_q)
+    sub_prio = run_positions(sub_q)
     dq, dcol = np.nonzero(dense_ids >= 0)
     d_nodes = dense_ids[dq, dcol]
     base = int(max(d_nodes.max(initial=-1), sub_nodes.max(initial=-1))) + 1
@@ -414,7 +397,7 @@ def khop_ranking(subgraphs: SubgraphSet, dense_ids: np.ndarray, length: int) -> 
     nodes = np.concatenate([sub_nodes, d_nodes[outside]])
     order = np.lexsort((prio, q))
     q, nodes = q[order], nodes[order]
-    rank = _group_rank(q)
+    rank = run_positions(q)
     keep = rank < length
     ranking = np.full((num_q, length), -1, dtype=np.int64)
     ranking[q[keep], rank[keep]] = nodes[keep]

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from seeder.config import ConfigError, PriorConfig
+from seeder.data.ragged import positions_within
 from seeder.data.subgraphs import sorted_lookup
 
 ROOT = 1
@@ -90,7 +91,7 @@ def sampled_slices(indptr: np.ndarray, nodes: np.ndarray, cap: int) -> tuple[np.
     degree = np.asarray(indptr[nodes + 1], dtype=np.int64) - start
     sample = np.minimum(degree, cap)
     owner = np.repeat(np.arange(len(nodes)), sample)
-    j = np.arange(int(sample.sum())) - np.repeat(np.cumsum(sample) - sample, sample)
+    j = positions_within(sample)
     return start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1), owner
 
 
@@ -152,8 +153,7 @@ def golden_paths(
         keep = first_of_runs(q, code, node)
         q, code, node = q[keep], code[keep], node[keep]
         group_start = first_of_runs(q, code)
-        starts = np.flatnonzero(group_start)
-        rank = np.arange(len(q)) - np.repeat(starts, np.diff(np.append(starts, len(q))))
+        rank = positions_within(np.diff(np.r_[np.flatnonzero(group_start), len(q)]))
         keep = rank < cfg.path_cap
         q, code, node = q[keep], code[keep], node[keep]
         # Hits per (query, path).

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seeder.config import AUTO, ConfigError, SeedConfig, SeedStrategy, choices
+from seeder.data.ragged import positions_within
 from seeder.retrieve.ann import AnnIndex, check_ann_config, derived_nlist, search_block
 from seeder.retrieve.topk import (  # noqa: F401 (dense_seeds and the screens are public here too)
     SCREENS,
@@ -259,7 +260,7 @@ def select_seeds(
             raise ValueError(f"{len(lengths)} linked-seed lists for {num_queries} queries")
         flat = np.concatenate(linked).astype(np.int64) if lengths.sum() else np.zeros(0, np.int64)
         q = np.repeat(np.arange(num_queries), lengths)
-        within = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        within = positions_within(lengths)
         if query_features is not None and node_features is not None:
             scores = row_cosines(query_features, node_features, q, flat)
         else:

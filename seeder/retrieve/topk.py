@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from seeder.config import ConfigError
+from seeder.data.ragged import positions_within
 from seeder.system.mapped import release
 
 
@@ -149,7 +150,7 @@ def dense_seeds(
 def pad_rows(rows: np.ndarray, ids: np.ndarray, values: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat (row, id, value) entries, rows ascending -> [num_rows, widest row] padded with (-1, -inf)."""
     counts = np.bincount(rows, minlength=num_rows)
-    within = np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    within = positions_within(counts)
     out_ids = np.full((num_rows, int(counts.max())), -1, dtype=np.int64)
     out_values = np.full(out_ids.shape, -np.inf, dtype=np.float32)
     out_ids[rows, within], out_values[rows, within] = ids, values

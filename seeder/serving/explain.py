@@ -5,7 +5,8 @@ The policy grows the selected set step by step, each step adding nodes adjacent 
 those walks, the one the relation-path prior (``seeder.retrieve.prior``) rates highest for the question
 explains the node, where the artifacts have one: a search over (node, prefix of a vocabulary path)
 pairs, one hop a level over the edges between retrieved nodes, keeps for each node the walk whose path
-ends the most prior mass there (``_prior_walks`` gives the order of the ties). So a 3-hop answer that
+ends the most prior mass there, weighted by how much of the ranking's top that path reaches (one
+reading per question; ``_prior_walks`` gives the rule and the order of the ties). So a 3-hop answer that
 the policy happened to pick at its first step, as a neighbour of the seed, is still explained along the
 question's three relations when the nodes between are retrieved too, and a person who directed and
 wrote a film is joined to it by the relation the question asks about. A walk that goes back along the
@@ -23,7 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from seeder.data.subgraphs import SubgraphSet, offsets_of, segment_ids, sorted_lookup
+from seeder.data.ragged import ranges, segment_ids
+from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.retrieve.prior import OFF_PATH_TERM
 
 
@@ -33,12 +35,6 @@ class PriorTerms(NamedTuple):
     path: np.ndarray  # [Q, T] log mass of the vocabulary paths through or ending at each trie node
     ending: np.ndarray  # [Q, T] log mass of the paths ending at it
     children: np.ndarray  # [T, 2R] the trie node of (trie node, relation id), or -1
-
-
-def _ragged_positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The concatenation of ``arange(s, s + c)`` for each (start, count)."""
-    ptr = offsets_of(counts)
-    return np.repeat(starts - ptr[:-1], counts) + np.arange(ptr[-1])
 
 
 def expansion_paths(
@@ -127,7 +123,9 @@ def expansion_paths(
     if prior_terms is None:
         return hops
     # Where a walk spells one of the prior's paths, the likeliest such walk explains the node instead.
-    walks = _prior_walks(subgraphs, step, node_query, head, tail, prior_terms)
+    support = np.zeros(len(step))
+    support[local[found]] = (1.0 / (1.0 + np.arange(width)))[np.nonzero(found)[1]]
+    walks = _prior_walks(subgraphs, step, node_query, head, tail, prior_terms, support)
     chosen = np.where(found & (steps > 0), walks.best_state[np.maximum(local, 0)], -1)  # [Q, L]: a walk, or -1
     return _overlay(hops, walks.hops(chosen, subgraphs.nodes), chosen >= 0)
 
@@ -161,16 +159,24 @@ class _Walks:
         return out_from, out_rel, out_along, out_to
 
 
-def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms) -> _Walks:
+def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms, rank_weight: np.ndarray) -> _Walks:
     """Walks from the seeds over edges between retrieved nodes that spell a prefix of a path of the prior's
     vocabulary, one hop a level (the trie is finite, so the levels are too). Of the walks that reach one
     (node, trie node) pair, which all spell the same relations, one that never went back along the edge it
     had just taken is kept, then the one through the parent selected first, then edge order.
 
-    ``best_state`` picks each node's walk: the largest mass of paths ending there (the node read as an
-    answer of that path), then a walk without such a step back, then the largest path term (the node read
-    as one on the way), then the shorter walk; only walks whose path term is above the floor of paths off
-    the prior count. A step back is the question's own logic where a seed's neighbour answers a longer
+    ``best_state`` picks each node's walk: the largest reading of its path (below), then a walk without
+    such a step back, then the largest path term (the node read as one on the way), then the shorter
+    walk; only walks whose path term is above the floor of paths off the prior count.
+
+    A path's reading for a question is the prior's mass of the path ending (the node read as an answer
+    of that path) times the path's support: the ``rank_weight`` [N] (1 / (1 + rank) of a ranked node, 0
+    elsewhere) summed over the nodes a walk of that path reaches. A question has one reading, so a
+    node's walk follows the path that explains most of the top of the ranking: "the languages of the
+    films that share a director with X" also holds X's own language, one hop away, which the prior
+    alone would read as "the language of X"; with the other answers' support it is the three-hop path.
+    With no other ranked node on either path, the support is the node's own weight on both, and the
+    ending mass decides as before. A step back is the question's own logic where a seed's neighbour answers a longer
     path through the seed ("the films written by the writer of X" include X): it is kept, but any other
     walk as likely wins over it."""
     num_ids = prior.children.shape[1]
@@ -193,7 +199,7 @@ def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms) -> 
         at, at_trie, at_arc = node[-1], trie[-1], arc[-1]
         counts = arc_ptr[at + 1] - arc_ptr[at]
         source = np.repeat(np.arange(len(at)), counts)
-        hop = _ragged_positions(arc_ptr[at], counts)
+        hop = ranges(arc_ptr[at], counts)
         to_trie = prior.children[at_trie[source], arc_walked[hop]].astype(np.int64)
         keep = to_trie >= 0
         source, hop, to_trie = source[keep], hop[keep], to_trie[keep]
@@ -216,7 +222,12 @@ def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms) -> 
     question = node_query[node]
     term, ending = prior.path[question, trie], prior.ending[question, trie]
     valid = np.flatnonzero((level > 0) & (term > OFF_PATH_TERM))
-    best = valid[np.lexsort((level[valid], -term[valid], back[valid], -ending[valid], node[valid]))]
+    pair = question[valid] * prior.children.shape[0] + trie[valid]  # one (question, path) per trie node
+    pairs, pair_of = np.unique(pair, return_inverse=True)
+    support = np.bincount(pair_of, weights=rank_weight[node[valid]], minlength=len(pairs))
+    with np.errstate(divide="ignore"):  # no ranked node on the path: no support, no reading
+        reading = ending[valid] + np.log(support[pair_of])
+    best = valid[np.lexsort((level[valid], -term[valid], back[valid], -reading, node[valid]))]
     first = best[np.r_[True, node[best][1:] != node[best][:-1]]] if len(best) else best
     best_state = np.full(len(step), -1, dtype=np.int64)
     best_state[node[first]] = first

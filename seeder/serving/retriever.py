@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 
 from seeder.config import SeederConfig
 from seeder.data.provenance import EdgeIndex
+from seeder.data.ragged import segment_ids
 from seeder.data.store import REMOVED_TYPE
-from seeder.data.subgraphs import SubgraphSet, segment_ids, sorted_lookup
+from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult

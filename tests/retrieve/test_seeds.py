@@ -92,16 +92,16 @@ def test_memmap_node_features(tmp_path):
 def test_memmapped_features_do_not_stay_resident(tmp_path):
     """The search reads the features once, block by block, and lets each block go: at ten million nodes
     they are 10 GB, which would otherwise count in every seeding process's resident set."""
-    from tests.system.test_mapped import resident_file_bytes
+    from seeder.system.mapped import file_resident_bytes
 
     rng = np.random.default_rng(6)
     nf = normalised(rng, 32_768, 256)  # 32 MB
     qf = normalised(rng, 5, 256)
     np.save(tmp_path / "node.npy", nf)
     mm = np.load(tmp_path / "node.npy", mmap_mode="r")
-    before = resident_file_bytes()
+    before = file_resident_bytes()
     ids, _ = dense_seeds(qf, mm, 3, block_nodes=2048, block_queries=2)
-    assert resident_file_bytes() - before < 8 << 20  # at most a block or two of 2 MB, not 32 MB
+    assert file_resident_bytes() - before < 8 << 20  # at most a block or two of 2 MB, not 32 MB
     np.testing.assert_array_equal(ids, brute_force_topk(qf, nf, 3)[0])
 
 

@@ -3,6 +3,7 @@ contents; anything but a shared file mapping is left alone; a mapping's resident
 file-backed total (which the read test measures with), are measured."""
 
 import sys
+
 import numpy as np
 import pytest
 

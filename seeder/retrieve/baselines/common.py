@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from seeder.data.ragged import ranges
 from seeder.data.store import build_csr
 from seeder.retrieve.base import RetrievalResult, group_rank  # noqa: F401 (the baselines import it from here)
 from seeder.retrieve.topk import dense_seeds as exact_topk
@@ -176,8 +177,7 @@ def csr_expand(graph, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarr
     start = np.asarray(indptr[nodes], dtype=np.int64)
     degree = np.minimum(np.asarray(indptr[nodes + 1], dtype=np.int64) - start, cap)
     owner = np.repeat(np.arange(len(nodes)), degree)
-    offset = np.arange(int(degree.sum())) - np.repeat(np.cumsum(degree) - degree, degree)
-    positions = start[owner] + offset
+    positions = ranges(start, degree)
     return (
         owner,
         np.asarray(graph.neighbors[positions], dtype=np.int64),
