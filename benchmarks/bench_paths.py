@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by", default="qtype", help="the question-type attribute")
     parser.add_argument("-k", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64, help="questions per retrieve call")
+    parser.add_argument("--show-misses", type=int, default=0, help="print this many rank-1 answers whose path is not the type's")
     args = parser.parse_args(argv)
 
     import time
@@ -113,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         top += 1
         ids = [relation_names.index(r) + (0 if d == "forward" else num_relations) for _, r, d, _ in h.nodes[0].path]
         same += ids == type_path[kind]
+        if ids != type_path[kind] and args.show_misses > 0:
+            args.show_misses -= 1
+            walked = " ".join(f"{r}{'' if d == 'forward' else '^-1'}" for _, r, d, _ in h.nodes[0].path)
+            wanted_path = " ".join(relation_names[i % num_relations] + ("" if i < num_relations else "^-1") for i in type_path[kind])
+            print(f"  miss [{kind}] {h.question!r}: {h.nodes[0].name!r} by {walked or '(seed)'}; type path {wanted_path}")
     print(f"answers at rank 1: {top:,}; path's relations equal the type's relation path: {same:,} ({same / max(top, 1):.4f})")
     return 0
 

@@ -60,7 +60,7 @@ from seeder.system.io import (
     verify_outputs,
     write_manifest,
 )
-from seeder.system.mapped import file_resident_bytes, release
+from seeder.system.mapped import file_resident_bytes, release, take_rows
 from seeder.system.storage import fetch, join
 from seeder.system.threads import intra_op_threads
 
@@ -630,7 +630,7 @@ def ann_pilot(query_features: np.ndarray, node_features: np.ndarray, cfg) -> dic
     share of it: the pilot errs on the hopeful side, and the full index is still checked after it."""
     start = time.perf_counter()
     rows = np.sort(np.random.default_rng(cfg.ann_seed).choice(len(node_features), ANN_PILOT_NODES, replace=False))
-    nodes = np.ascontiguousarray(node_features[rows], dtype=np.float32)
+    nodes = np.ascontiguousarray(take_rows(node_features, rows), dtype=np.float32)  # not the whole mapping
     check = sample_recall(query_features, nodes, AnnIndex.build(nodes, cfg), cfg)
     return {"nodes": ANN_PILOT_NODES, **check, "seconds": round(time.perf_counter() - start, 3)}
 

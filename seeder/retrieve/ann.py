@@ -29,6 +29,7 @@ import numpy as np
 
 from seeder.config import ConfigError, SeedConfig
 from seeder.retrieve.topk import dense_seeds, merge_topk
+from seeder.system.mapped import release, take_rows
 
 INDEX_TYPE = "ivf_flat"
 MAGIC = b"SEEDER-ANN-1\n"
@@ -108,7 +109,7 @@ class AnnIndex:
         train_rows = min(num_nodes, cfg.ann_train_sample)
         # Sorted rows: one forward pass over a memmap instead of random reads.
         rows = np.sort(np.random.default_rng(cfg.ann_seed).choice(num_nodes, size=train_rows, replace=False))
-        sample = np.ascontiguousarray(node_features[rows], dtype=np.float32)
+        sample = np.ascontiguousarray(take_rows(node_features, rows), dtype=np.float32)
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
         # Unit centroids: routing by inner product is then routing by cosine, and no centroid draws
@@ -120,7 +121,9 @@ class AnnIndex:
         index.train(sample)
         del sample
         for start in range(0, num_nodes, block_rows):
-            index.add(np.ascontiguousarray(node_features[start : start + block_rows], dtype=np.float32))
+            block = node_features[start : start + block_rows]
+            index.add(np.ascontiguousarray(block, dtype=np.float32))
+            release(block)  # a memmap's block leaves this process once added (seeder.system.mapped)
         index.make_direct_map()  # candidates' rows are read back for the exact re-scoring
         index.nprobe = min(cfg.ann_nprobe, nlist)
         params = AnnParams(INDEX_TYPE, int(num_nodes), int(dim), int(nlist), int(train_rows), int(cfg.ann_seed), uuid.uuid4().hex)

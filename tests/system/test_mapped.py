@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from seeder.system.mapped import file_resident_bytes, release, resident_bytes
+from seeder.system.mapped import file_resident_bytes, release, resident_bytes, take_rows
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
 
@@ -62,3 +62,23 @@ def test_resident_bytes_follow_what_the_process_touched_and_released(tmp_path):
     release(mapped)
     assert resident_bytes(mapped) < MB
     assert resident_bytes(np.ones(10)) is None
+
+
+def test_rows_taken_at_random_come_out_in_order_without_the_whole_file_mapped(tmp_path):
+    """2% of the rows at random: plain fancy indexing maps nearly every page (the kernel maps the cached
+    pages around each fault); ``take_rows`` holds at most a stretch of the file at a time."""
+    path = tmp_path / "t.npy"
+    np.save(path, np.arange(64 * MB // 4, dtype=np.float32).reshape(-1, 256))  # 64 MB, 1 KB rows
+    mapped = np.load(path, mmap_mode="r")
+    rows = np.random.default_rng(0).choice(len(mapped), len(mapped) // 50, replace=False)  # unsorted
+    float(mapped.sum(dtype=np.float64))  # every page in the page cache, as after a write
+    release(mapped)
+    before = file_resident_bytes()
+    taken = take_rows(mapped, rows, span_bytes=4 * MB)
+    assert file_resident_bytes() - before < 8 * MB
+    np.testing.assert_array_equal(taken, np.asarray(mapped)[rows])
+    release(mapped)
+    plain = file_resident_bytes()
+    np.testing.assert_array_equal(mapped[np.sort(rows)], np.sort(taken, axis=0))
+    assert file_resident_bytes() - plain > 32 * MB  # what the plain read holds: most of the 64 MB
+    assert take_rows(np.arange(10.0), np.array([3, 1])).tolist() == [3.0, 1.0]
