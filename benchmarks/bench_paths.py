@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         if ids != type_path[kind] and args.show_misses > 0:
             args.show_misses -= 1
             walked = " ".join(f"{r}{'' if d == 'forward' else '^-1'}" for _, r, d, _ in h.nodes[0].path)
-            wanted_path = " ".join(relation_names[i % num_relations] + ("" if i < num_relations else "^-1") for i in type_path[kind])
+            wanted_path = " ".join(
+                relation_names[i % num_relations] + ("" if i < num_relations else "^-1") for i in type_path[kind]
+            )
             print(f"  miss [{kind}] {h.question!r}: {h.nodes[0].name!r} by {walked or '(seed)'}; type path {wanted_path}")
     print(f"answers at rank 1: {top:,}; path's relations equal the type's relation path: {same:,} ({same / max(top, 1):.4f})")
     return 0
