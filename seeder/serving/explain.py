@@ -5,8 +5,8 @@ The policy grows the selected set step by step, each step adding nodes adjacent 
 those walks, the one the relation-path prior (``seeder.retrieve.prior``) rates highest for the question
 explains the node, where the artifacts have one: a search over (node, prefix of a vocabulary path)
 pairs, one hop a level over the edges between retrieved nodes, keeps for each node the walk whose path
-ends the most prior mass there, weighted by how much of the ranking's top that path reaches (one
-reading per question; ``_prior_walks`` gives the rule and the order of the ties). So a 3-hop answer that
+ends the most prior mass there, with the question's wording against the walk's relations as a second
+voice (``_prior_walks`` gives the rule and the order of the ties). So a 3-hop answer that
 the policy happened to pick at its first step, as a neighbour of the seed, is still explained along the
 question's three relations when the nodes between are retrieved too, and a person who directed and
 wrote a film is joined to it by the relation the question asks about. A walk that goes back along the
@@ -27,6 +27,15 @@ import numpy as np
 from seeder.data.ragged import ranges, segment_ids
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.retrieve.prior import OFF_PATH_TERM
+
+WORDING_WEIGHT = 3.0
+"""How much a walk's wording counts against the prior's mass in choosing a node's path: the log of the
+mass ending there plus this times the summed cosines of the question to the walk's relations. The
+prior learns from golden paths, and where one person directed and wrote a film both paths are golden
+for "who directed X", so its mass does not tell them apart (0.55 written_by, 0.42 directed_by for
+"who is the director that directed Swann in Love"); the relation's own text does. Chosen on MetaQA's
+training questions (`benchmarks/bench_paths.py --split train`): 2 to 5 do alike, 10 lets the wording
+override the prior's hop count."""
 
 
 class PriorTerms(NamedTuple):
@@ -123,9 +132,7 @@ def expansion_paths(
     if prior_terms is None:
         return hops
     # Where a walk spells one of the prior's paths, the likeliest such walk explains the node instead.
-    support = np.zeros(len(step))
-    support[local[found]] = (1.0 / (1.0 + np.arange(width)))[np.nonzero(found)[1]]
-    walks = _prior_walks(subgraphs, step, node_query, head, tail, prior_terms, support)
+    walks = _prior_walks(subgraphs, step, node_query, head, tail, prior_terms, relation_scores)
     chosen = np.where(found & (steps > 0), walks.best_state[np.maximum(local, 0)], -1)  # [Q, L]: a walk, or -1
     return _overlay(hops, walks.hops(chosen, subgraphs.nodes), chosen >= 0)
 
@@ -159,24 +166,18 @@ class _Walks:
         return out_from, out_rel, out_along, out_to
 
 
-def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms, rank_weight: np.ndarray) -> _Walks:
+def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms, relation_scores=None) -> _Walks:
     """Walks from the seeds over edges between retrieved nodes that spell a prefix of a path of the prior's
     vocabulary, one hop a level (the trie is finite, so the levels are too). Of the walks that reach one
     (node, trie node) pair, which all spell the same relations, one that never went back along the edge it
     had just taken is kept, then the one through the parent selected first, then edge order.
 
-    ``best_state`` picks each node's walk: the largest reading of its path (below), then a walk without
-    such a step back, then the largest path term (the node read as one on the way), then the shorter
-    walk; only walks whose path term is above the floor of paths off the prior count.
-
-    A path's reading for a question is the prior's mass of the path ending (the node read as an answer
-    of that path) times the path's support: the ``rank_weight`` [N] (1 / (1 + rank) of a ranked node, 0
-    elsewhere) summed over the nodes a walk of that path reaches. A question has one reading, so a
-    node's walk follows the path that explains most of the top of the ranking: "the languages of the
-    films that share a director with X" also holds X's own language, one hop away, which the prior
-    alone would read as "the language of X"; with the other answers' support it is the three-hop path.
-    With no other ranked node on either path, the support is the node's own weight on both, and the
-    ending mass decides as before. A step back is the question's own logic where a seed's neighbour answers a longer
+    ``best_state`` picks each node's walk: the largest reading of its path, then a walk without such a
+    step back, then the largest path term (the node read as one on the way), then the shorter walk; only
+    walks whose path term is above the floor of paths off the prior count. A walk's reading is the log of
+    the prior's mass of paths ending there (the node read as an answer of that path) plus
+    ``WORDING_WEIGHT`` times the cosines of the question to the relations walked (``relation_scores``
+    [Q, 2R]; none without them). A step back is the question's own logic where a seed's neighbour answers a longer
     path through the seed ("the films written by the writer of X" include X): it is kept, but any other
     walk as likely wins over it."""
     num_ids = prior.children.shape[1]
@@ -194,6 +195,7 @@ def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms, ran
     seeds = np.flatnonzero(step == 0)
     node, trie = [seeds], [np.zeros(len(seeds), np.int64)]
     arc, parent, back = [np.full(len(seeds), -1)], [np.full(len(seeds), -1)], [np.zeros(len(seeds), bool)]
+    wording = [np.zeros(len(seeds))]
     frontier, offset = np.arange(len(seeds)), len(seeds)
     while len(frontier):
         at, at_trie, at_arc = node[-1], trie[-1], arc[-1]
@@ -215,18 +217,19 @@ def _prior_walks(subgraphs, step, node_query, head, tail, prior: PriorTerms, ran
         arc.append(hop[pick])
         parent.append(frontier[source[pick]])
         back.append(backtracked[pick])
+        if relation_scores is not None:
+            walked_fit = relation_scores[node_query[at[source[pick]]], arc_walked[hop[pick]]]
+        else:
+            walked_fit = np.zeros(len(pick))
+        wording.append(wording[-1][source[pick]] + walked_fit)
         frontier = offset + np.arange(len(pick))
         offset += len(pick)
     level = np.concatenate([np.full(len(n), hops, np.int64) for hops, n in enumerate(node)])
-    node, trie, arc, parent, back = (np.concatenate(x) for x in (node, trie, arc, parent, back))
+    node, trie, arc, parent, back, wording = (np.concatenate(x) for x in (node, trie, arc, parent, back, wording))
     question = node_query[node]
     term, ending = prior.path[question, trie], prior.ending[question, trie]
     valid = np.flatnonzero((level > 0) & (term > OFF_PATH_TERM))
-    pair = question[valid] * prior.children.shape[0] + trie[valid]  # one (question, path) per trie node
-    pairs, pair_of = np.unique(pair, return_inverse=True)
-    support = np.bincount(pair_of, weights=rank_weight[node[valid]], minlength=len(pairs))
-    with np.errstate(divide="ignore"):  # no ranked node on the path: no support, no reading
-        reading = ending[valid] + np.log(support[pair_of])
+    reading = ending[valid] + WORDING_WEIGHT * wording[valid]
     best = valid[np.lexsort((level[valid], -term[valid], back[valid], -reading, node[valid]))]
     first = best[np.r_[True, node[best][1:] != node[best][:-1]]] if len(best) else best
     best_state = np.full(len(step), -1, dtype=np.int64)
