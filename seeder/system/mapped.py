@@ -12,14 +12,14 @@ Only shared file mappings are released: on anonymous or copy-on-write memory the
 discard the contents, so anything else is left alone.
 
 Rows read at random hold more than their own pages: the kernel maps the cached pages around each fault
-too, so reading 2% of a 2 GB file's rows at random mapped all 2 GB here. ``take_rows`` gathers rows a
-span of the file at a time and releases each span.
+too, so a small random sample of a file's rows maps nearly the whole file (tests/system/test_mapped.py
+shows it). ``take_rows`` gathers rows a stretch of the file at a time and releases each stretch.
 
 ``resident_bytes`` tells how much of a mapping this process holds, so that a long-lived reader with
 scattered reads (an expansion worker reads node rows from all over the features) can let go only once
-it holds more than a budget, rather than after every read. It walks ``/proc/self/smaps`` (15 ms with 2
-GB resident); ``file_resident_bytes``, the process's file-backed resident total from
-``/proc/self/status``, costs a hundredth of that and suits a check after every batch.
+it holds more than a budget, rather than after every read. It walks ``/proc/self/smaps``, which takes
+longer the more is resident; ``file_resident_bytes``, the process's file-backed resident total from
+``/proc/self/status``, costs about a hundredth of that and suits a check after every batch.
 """
 
 from __future__ import annotations
