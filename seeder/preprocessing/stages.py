@@ -913,8 +913,8 @@ def _prior(directory: str):
 def keep_mapped_pages_within(node_features: np.ndarray, budget: float) -> None:
     """After each batch of an expansion: once this process holds more than ``budget`` bytes of mapped
     file pages (``expand.resident_features_gb``), let the node features' pages go. Checked per batch,
-    not per block: at ten million nodes one block of 1,000 queries touched most of the 10 GB of
-    features before a check between blocks could act."""
+    not per block: rows read at random map the cached pages around them too, so one block's reads can
+    map most of the file before a check between blocks acts."""
     resident = file_resident_bytes()
     if resident is not None and resident > budget:
         release(node_features)

@@ -15,11 +15,11 @@ Rows read at random hold more than their own pages: the kernel maps the cached p
 too, so a small random sample of a file's rows maps nearly the whole file (tests/system/test_mapped.py
 shows it). ``take_rows`` gathers rows a stretch of the file at a time and releases each stretch.
 
-``resident_bytes`` tells how much of a mapping this process holds, so that a long-lived reader with
-scattered reads (an expansion worker reads node rows from all over the features) can let go only once
-it holds more than a budget, rather than after every read. It walks ``/proc/self/smaps``, which takes
-longer the more is resident; ``file_resident_bytes``, the process's file-backed resident total from
-``/proc/self/status``, costs about a hundredth of that and suits a check after every batch.
+A long-lived reader with scattered reads (an expansion worker reads node rows from all over the
+features) lets go only once it holds more than a budget, rather than after every read: it checks
+``file_resident_bytes``, the process's file-backed resident total from ``/proc/self/status``, cheap
+enough for a check after every batch. ``resident_bytes`` measures one mapping exactly (the tests use
+it); it walks ``/proc/self/smaps``, which costs about a hundred times as much.
 """
 
 from __future__ import annotations
