@@ -210,11 +210,10 @@ class ExpandConfig(Section):
     """Queries expanded by one call of the compiled expansion (``seeder.retrieve.khop_kernels``): bounds
     the memory of a call's output arrays; results do not depend on it."""
     resident_features_gb: float = 4.0
-    """Mapped file pages (GiB: node features, graph, libraries) one expansion worker keeps resident. Its
-    batches read node rows from all over the features, so a worker would otherwise come to hold the
-    whole file (10 GB at ten million nodes); past this, checked after every batch, it lets the features'
-    pages go (seeder.system.mapped) and later batches read theirs back from the page cache. Results do
-    not depend on it."""
+    """Node-feature pages (GiB) one expansion worker keeps mapped from block to block. A block reads
+    node rows from all over the features, so a worker would otherwise come to hold the whole file (10
+    GB at ten million nodes); past this it lets them go (seeder.system.mapped) and later blocks map
+    theirs again from the page cache. Results do not depend on it."""
     relation_score: RelationScore = "cosine"
     """The w3 term: ``cosine`` (sim(q,r), the paper's) or ``learned``: the relation-path prior's
     probability mass of the candidate's relation path from the seed (the parent's path plus this edge's

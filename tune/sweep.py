@@ -36,7 +36,7 @@ from pipelines.ray_runtime import add_ray_arguments, check_tracking_reaches_work
 from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict, training_config
 from seeder.system.io import DataError
-from seeder.system.storage import basename, is_uri
+from seeder.system.storage import basename, filesystem, is_uri
 from seeder.training import sweep as sw
 
 STATE_FILE = "seeder_sweep.json"  # parent run id, experiment and space of the sweep, for --resume
@@ -58,18 +58,12 @@ def ray_space(space: dict[str, sw.Dimension]) -> dict:
     return out
 
 
-def _experiment_filesystem(experiment: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in experiment:
-        return pafs.FileSystem.from_uri(experiment)
-    return pafs.LocalFileSystem(), experiment
-
-
 def tune_state_saved(experiment: str) -> bool:
     """Whether Tune has saved the experiment's state (``experiment_state-*.json``) in its directory (a
     path or URI). A sweep killed before the first save, a few seconds in, has none: ``Tuner.restore``
     would then find its tuner but start over with a searcher that has lost its space."""
     try:
-        fs, root = _experiment_filesystem(experiment)
+        fs, root = filesystem(experiment)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
     except (ValueError, OSError):  # a location pyarrow cannot list: leave the decision to Tune
         return True
@@ -78,7 +72,7 @@ def tune_state_saved(experiment: str) -> bool:
 
 def clear_experiment(experiment: str) -> None:
     """Remove what a sweep killed before Tune's first save left in its directory, so that it starts over."""
-    fs, root = _experiment_filesystem(experiment)
+    fs, root = filesystem(experiment)
     if fs.get_file_info(root).type != pafs.FileType.NotFound:
         fs.delete_dir(root)
 

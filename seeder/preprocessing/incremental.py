@@ -10,7 +10,9 @@ parent's artifacts and recomputes, per stage:
 - seeds: the questions whose seeds can change: new or edited ones, those whose entity links change,
   those whose seeds include a node whose features changed, and those where a node whose features
   changed now scores at least their last dense seed's score (one product of the questions with the
-  changed nodes' features, never with every node);
+  changed nodes' features, never with every node). An ANN index, or a strategy that reads every node
+  text, seeds every question again, unless no node text or name and no question changed: seeding
+  reads no edge, so the parent's seeds are then kept whole;
 - golden paths (``expand.relation_score: learned``): the training questions that are new or edited,
   whose seeds changed, or whose seeds lie within ``hops - 1`` edges of an added or removed edge (the
   nodes whose adjacency the path search reads); the prior is kept unless a refit is asked for, and a
@@ -559,6 +561,14 @@ def changed_seeds(parent_seeds: Path, seeds_file: Path, diff: VersionDiff, k0: i
     return seeds, diff.query_ids[differ]
 
 
+def seeding_inputs_unchanged(diff: VersionDiff) -> bool:
+    """Whether the seeds stage reads exactly what it read for the parent: every node's text and name
+    and every question's id and text. Seeding reads no edge, so an ANN index built again and its
+    recall checks would repeat the parent's run; its seeds can be kept whole."""
+    same_questions = len(diff.query_ids) == len(diff.parent_query_ids) and bool((diff.query_source >= 0).all())
+    return same_questions and not diff.changed_nodes.any() and not diff.renamed.any()
+
+
 def update_seeds(
     features_dir: Path,
     out: Path,
@@ -572,13 +582,26 @@ def update_seeds(
     """The seeds stage of the new version: the parent's seeds, and those of ``seeds_to_recompute`` seeded
     again as a full run seeds them (``seed_queries`` with the new version's linker and exact dense search;
     ``dense_blocks(features, search, index)`` as in ``stages.run_seeds``). Strategies whose seeds read
-    every node text at once (``bm25``, ``hybrid``) and an ANN index seed every question again."""
+    every node text at once (``bm25``, ``hybrid``) and an ANN index seed every question again, unless
+    no input of seeding changed (``seeding_inputs_unchanged``)."""
     cfg = config.seed
     node_features = np.load(features_dir / "node.npy", mmap_mode="r")
     query_features = np.load(features_dir / "query.npy", mmap_mode="r")
     old_seeds, old_scores, has_old = parent_seed_rows(parent_seeds, diff, cfg.k0)
     search = resolve_search(cfg, len(node_features), len(query_features)) if cfg.strategy not in ("entity", "hybrid") else "exact"
     if cfg.strategy in ("bm25", "hybrid") or search != "exact":
+        if seeding_inputs_unchanged(diff):
+            shutil.copyfile(parent_seeds, out / "seeds.parquet")
+            q_ids, seeds, _ = read_seed_table(out / "seeds.parquet")
+            return {
+                "queries": int(len(q_ids)),
+                "k0": cfg.k0,
+                "strategy": cfg.strategy,
+                "empty": int((seeds < 0).all(axis=1).sum()),
+                "search": search,
+                "recomputed": 0,
+                "why": {"kept": "no node text, node name or question text changed"},
+            }
         info = pp.run_seeds(features_dir, out, kg, config, dense_blocks=dense_blocks)
         q_ids, seeds, scores = read_seed_table(out / "seeds.parquet")
         seeds, scores = _pad_to(seeds, cfg.k0, -1), _pad_to(scores, cfg.k0, -np.inf)

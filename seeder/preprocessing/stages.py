@@ -60,7 +60,7 @@ from seeder.system.io import (
     verify_outputs,
     write_manifest,
 )
-from seeder.system.mapped import file_resident_bytes, release, take_rows
+from seeder.system.mapped import release, resident_bytes, take_rows
 from seeder.system.storage import fetch, join
 from seeder.system.threads import intra_op_threads
 
@@ -910,16 +910,6 @@ def _prior(directory: str):
     return RelationPathPrior.load(Path(directory))
 
 
-def keep_mapped_pages_within(node_features: np.ndarray, budget: float) -> None:
-    """After each batch of an expansion: once this process holds more than ``budget`` bytes of mapped
-    file pages (``expand.resident_features_gb``), let the node features' pages go. Checked per batch,
-    not per block: rows read at random map the cached pages around them too, so one block's reads can
-    map most of the file before a check between blocks acts."""
-    resident = file_resident_bytes()
-    if resident is not None and resident > budget:
-        release(node_features)
-
-
 def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: dict) -> tuple[pa.Table, dict[str, Any]]:
     """Expand one block of queries: (the block's subgraph shard, counts). The graph and the features
     are opened from their locations and memory-mapped (``stage_input``), so a worker never receives
@@ -950,10 +940,14 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
         answer_ptr,
         answers,
         graph=_graph_index(dataset),
-        progress=lambda done: keep_mapped_pages_within(node_features, cfg.expand.resident_features_gb * 2**30),
         prior=prior,
         texts=picked.column("text").to_pylist(),
     )
+    # Checked between blocks, not batches: one batch's scattered reads map most of the file through
+    # the kernel's fault-around, so a tighter check would only pay to map the pages again.
+    resident = resident_bytes(node_features)
+    if resident is not None and resident > cfg.expand.resident_features_gb * 2**30:
+        release(node_features)
     return subgraphs.to_arrow(), {
         "queries": len(query_ids),
         "nodes": int(subgraphs.sizes.sum()),

@@ -291,6 +291,7 @@ def expand_queries(
     progress=None,
     prior=None,
     texts: list[str] | None = None,
+    path_terms: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
@@ -299,7 +300,8 @@ def expand_queries(
     Queries are expanded ``expand.batch_queries`` at a time; ``progress(done)`` is called after each
     batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
     ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``, with the
-    queries' ``texts`` when that prior reads their wording.
+    queries' ``texts`` when that prior reads their wording. A caller that has the prior's terms of
+    these queries already (``prior_path_terms``, all Q rows) passes them as ``path_terms``.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -325,8 +327,11 @@ def expand_queries(
         if expand_config.relation_score == "learned":
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
-            batch_texts = None if texts is None else list(texts[lo:hi])
-            terms, ends = prior_path_terms(kg, graph, prior, query_features[lo:hi], seeds[lo:hi], batch_texts)
+            if path_terms is not None:
+                terms, ends = path_terms[0][lo:hi], path_terms[1][lo:hi]
+            else:
+                batch_texts = None if texts is None else list(texts[lo:hi])
+                terms, ends = prior_path_terms(kg, graph, prior, query_features[lo:hi], seeds[lo:hi], batch_texts)
             children = prior.trie.children
         chunks.append(
             expand_batch(

@@ -354,6 +354,14 @@ class Retriever:
 
     def subgraphs(self, questions: list[str], topics: list[int | None] | None = None) -> tuple[SubgraphSet, np.ndarray]:
         """Embed, seed and expand new questions exactly as preprocessing did for the dataset's."""
+        subgraphs, query_features, _ = self._expand(questions, topics)
+        return subgraphs, query_features
+
+    def _expand(
+        self, questions: list[str], topics: list[int | None] | None = None
+    ) -> tuple[SubgraphSet, np.ndarray, PriorTerms | None]:
+        """``subgraphs``, and the relation-path prior's terms of the questions (None without a prior),
+        computed once: the expansion scores with them and the explanation chooses paths by them."""
         query_features = self.encode(questions)
         given = None
         if self.config.seed.strategy == "given":
@@ -370,8 +378,13 @@ class Retriever:
             given=given,
         )
         n = len(questions)
-        from seeder.retrieve.khop import expand_queries  # numba: the K-hop kernels load with the first question
+        from seeder.retrieve.khop import expand_queries, prior_path_terms  # numba: the K-hop kernels load with the first question
 
+        terms = None
+        if self.prior is not None:
+            terms = prior_path_terms(
+                self.artifacts.dataset, self.graph, self.prior, np.asarray(query_features, np.float32), seeds, list(questions)
+            )
         subgraphs = expand_queries(
             self.artifacts.dataset,
             self.node_features,
@@ -387,8 +400,9 @@ class Retriever:
             graph=self.graph,
             prior=self.prior,
             texts=list(questions),
+            path_terms=terms,
         )
-        return subgraphs, query_features
+        return subgraphs, query_features, None if terms is None else PriorTerms(*terms, self.prior.trie.children)
 
     def rank(
         self, subgraphs: SubgraphSet, query_features: np.ndarray, progress: str | None = None
@@ -464,9 +478,9 @@ class Retriever:
             return [hits for future in futures for hits in future.result()]
 
     def _answer(self, questions: list[str], ks: list[int], topics: list[int | None] | None, keep=None) -> list[Hits]:
-        subgraphs, query_features = self.subgraphs(questions, topics)
+        subgraphs, query_features, prior_terms = self._expand(questions, topics)
         result, steps, scores = self.rank(subgraphs, query_features)
-        return self._hits(questions, subgraphs, result, steps, scores, ks, keep, query_features)
+        return self._hits(questions, subgraphs, result, steps, scores, ks, keep, query_features, prior_terms)
 
     def node_filter(self, types: list[str] | None = None, where: dict[str, Any] | None = None) -> np.ndarray | None:
         """Which nodes a filtered call shows (bool per node), or None without a filter. Built once per
@@ -529,19 +543,6 @@ class Retriever:
         ]
         return pd.DataFrame(rows, columns=["question", "rank", "node", "name", "score", "step"])
 
-    def _prior_terms(self, questions, subgraphs: SubgraphSet, query_features: np.ndarray | None):
-        """The relation-path prior's terms for these questions, which choose each node's explaining path
-        (``seeder.serving.explain``); None without a prior."""
-        if self.prior is None or query_features is None:
-            return None
-        from seeder.retrieve.khop import prior_path_terms  # numba: loaded with the first question anyway
-
-        features = np.asarray(query_features, np.float32)
-        terms, ending = prior_path_terms(
-            self.artifacts.dataset, self.graph, self.prior, features, seed_rows(subgraphs), list(questions)
-        )
-        return PriorTerms(terms, ending, self.prior.trie.children)
-
     def _hits(
         self,
         questions,
@@ -552,6 +553,7 @@ class Retriever:
         ks: list[int],
         keep=None,
         query_features: np.ndarray | None = None,
+        prior_terms: PriorTerms | None = None,
     ) -> list[Hits]:
         names, types = self.node_table
         relation_names = self.artifacts.dataset.relation_names
@@ -571,7 +573,7 @@ class Retriever:
         if query_features is not None:  # each relation's fit to each question, to choose among parent edges
             relation_features = np.asarray(self.artifacts.relation_features, np.float32)
             fit = unit_rows(np.asarray(query_features, np.float32)) @ unit_rows(relation_features).T
-        hops = expansion_paths(subgraphs, result.ranking, steps, fit, self._prior_terms(questions, subgraphs, query_features))
+        hops = expansion_paths(subgraphs, result.ranking, steps, fit, prior_terms)
         hop_from, hop_rel, hop_along, hop_to = (a[question, rank] for a in hops)
         paths = [
             [

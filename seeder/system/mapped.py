@@ -16,10 +16,10 @@ too, so a small random sample of a file's rows maps nearly the whole file (tests
 shows it). ``take_rows`` gathers rows a stretch of the file at a time and releases each stretch.
 
 A long-lived reader with scattered reads (an expansion worker reads node rows from all over the
-features) lets go only once it holds more than a budget, rather than after every read: it checks
-``file_resident_bytes``, the process's file-backed resident total from ``/proc/self/status``, cheap
-enough for a check after every batch. ``resident_bytes`` measures one mapping exactly (the tests use
-it); it walks ``/proc/self/smaps``, which costs about a hundred times as much.
+features) lets go only once a mapping holds more than a budget, between blocks of work rather than
+after every read: ``resident_bytes`` measures one mapping (it walks ``/proc/self/smaps``).
+``file_resident_bytes``, the process's file-backed resident total from ``/proc/self/status``, is the
+cheap whole-process figure the tests read.
 """
 
 from __future__ import annotations

@@ -59,7 +59,11 @@ def join(uri: str, *parts: str) -> str:
     return urlunsplit((split.scheme, split.netloc, path, split.query, split.fragment))
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(location: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and the path within it of a local path or a URI (``s3://``, ``gs://``, ``file://``)."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(location)
+    uri = str(location)
     try:
         return pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -83,7 +87,7 @@ def fetch(path: str | os.PathLike) -> Path:
     if not is_uri(path):
         return Path(path)
     uri = str(path)
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     manifest = _read_remote_manifest(fs, root)
     if manifest is None:
         raise DataError(f"{uri}: no {MANIFEST} there (missing, or an upload that did not finish); publish it again")
@@ -130,7 +134,7 @@ def publish(local_dir: str | os.PathLike, uri: str) -> None:
     local_dir = Path(local_dir)
     if not (local_dir / MANIFEST).is_file():
         raise DataError(f"{local_dir}: not complete (no {MANIFEST}); nothing was published to {uri}")
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     local = pafs.LocalFileSystem()
     if fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File:
         fs.delete_file(f"{root}/{MANIFEST}")
@@ -158,14 +162,14 @@ def publish(local_dir: str | os.PathLike, uri: str) -> None:
 
 def published_manifest(uri: str) -> dict | None:
     """The manifest published at ``uri``, or None when nothing complete is there."""
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     return _read_remote_manifest(fs, root)
 
 
 def retract(uri: str) -> None:
     """Delete the manifest at ``uri``, so that a directory about to change no longer looks complete
     (its files stay: a later ``publish`` overwrites them and puts the manifest back last)."""
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     if fs.get_file_info(f"{root}/{MANIFEST}").type == pafs.FileType.File:
         fs.delete_file(f"{root}/{MANIFEST}")
 
@@ -175,7 +179,7 @@ def read_parquet(path: str | os.PathLike):
     a large stage reads only that shard)."""
     if not is_uri(path):
         return pq.read_table(path)
-    fs, file = _filesystem(str(path))
+    fs, file = filesystem(str(path))
     return pq.read_table(file, filesystem=fs)
 
 
@@ -190,7 +194,7 @@ def output_directory(path: str | os.PathLike) -> Iterator[Path]:
         yield Path(path)
         return
     uri = str(path)
-    fs, root = _filesystem(uri)
+    fs, root = filesystem(uri)
     staging = cache_root() / "outputs" / hashlib.sha256(uri.encode()).hexdigest()[:16]
     if _read_remote_manifest(fs, root) is not None and not staging.exists():
         shutil.copytree(fetch(uri), staging)

@@ -182,8 +182,8 @@ def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, t
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps (Linux)")
 def test_an_expansion_worker_over_its_feature_budget_lets_the_pages_go_with_the_same_subgraphs(reference, tiny_dataset):
-    """``expand.resident_features_gb`` bounds the mapped file pages a worker keeps (the node features
-    go past it); releasing them changes no subgraph."""
+    """``expand.resident_features_gb`` bounds the node-feature pages a worker keeps mapped between blocks;
+    releasing them changes no subgraph."""
     from seeder.config import SeederConfig, from_dict, to_dict
     from seeder.preprocessing.stages import _features, expand_block
     from seeder.system.mapped import resident_bytes
@@ -192,7 +192,7 @@ def test_an_expansion_worker_over_its_feature_budget_lets_the_pages_go_with_the_
     expected = open_artifacts(reference).subgraphs().to_arrow()
     query_ids = expected.column("query_id").to_numpy()
     node_features = _features(reference / "features")[0]
-    for budget, resident_after in ((1024.0, lambda b: b > 0), (0.0, lambda b: b == 0)):
+    for budget, resident_after in ((1.0, lambda b: b > 0), (0.0, lambda b: b == 0)):
         config.expand.resident_features_gb = budget
         table, counts = expand_block(str(tiny_dataset), str(reference), query_ids, to_dict(config))
         assert table.equals(expected) and counts["queries"] == 40

@@ -27,7 +27,7 @@ from tests.datasets import write_artifacts_manifest, write_tiny_dataset
 SHARD_ROWS = 64
 
 
-def config_for(strategy: str, reduce_dim: int = 0, learned: bool = False):
+def config_for(strategy: str, reduce_dim: int = 0, learned: bool = False, extra: tuple[str, ...] = ()):
     return load_config(
         None,
         [
@@ -42,6 +42,7 @@ def config_for(strategy: str, reduce_dim: int = 0, learned: bool = False):
             "expand.keep_per_hop=[8,10]",
             f"expand.relation_score={'learned' if learned else 'cosine'}",
             "prior.epochs=2",
+            *extra,
         ],
     )
 
@@ -300,6 +301,24 @@ def test_an_update_of_edges_only_embeds_nothing_and_equals_a_full_run(versions, 
     full_run(child, tmp_path / "full", config)
     write_top_manifest(tmp_path / "a2", child, open_dataset(child), config)
     assert_same_artifacts(tmp_path / "a2", tmp_path / "full")
+
+
+def test_an_edges_only_update_keeps_the_ann_indexs_seeds_and_equals_a_full_run(versions, tmp_path):
+    """Seeding reads no edge: with an ANN index, an update that changes only edges keeps every seed,
+    and one that edits texts seeds every question again; both equal a full run."""
+    parent, texts_edited = versions
+    edges_only = edges_only_change(tmp_path, parent)
+    config = config_for("dense", extra=("seed.search=ann", "seed.ann_nlist=4", "seed.ann_nprobe=4"))
+    full_run(parent, tmp_path / "a1", config)
+    for name, child, recomputed in (
+        ("edges", edges_only, 0),
+        ("texts", texts_edited, open_dataset(texts_edited).queries.num_rows),
+    ):
+        done = update_run(child, tmp_path / "a1", tmp_path / f"{name}-update", config)
+        assert done["seeds"]["search"] == "ann" and done["seeds"]["recomputed"] == recomputed, done["seeds"]
+        full_run(child, tmp_path / f"{name}-full", config)
+        write_top_manifest(tmp_path / f"{name}-update", child, open_dataset(child), config)
+        assert_same_artifacts(tmp_path / f"{name}-update", tmp_path / f"{name}-full")
 
 
 def test_a_new_relation_needs_the_prior_fitted_again(versions, tmp_path):

@@ -114,9 +114,9 @@ def test_a_few_questions_rank_as_in_a_large_batch_and_the_thread_count_is_restor
     texts = retriever.artifacts.dataset.queries_of("val").column("text").to_pylist()[: 4 * ONE_THREAD_UP_TO]
     batched = retriever.retrieve(texts, k=10)
     seen = []
-    subgraphs = retriever.subgraphs
+    expand = retriever._expand  # where a call's questions are embedded, seeded and expanded
     monkeypatch.setattr(
-        retriever, "subgraphs", lambda *a, **kw: seen.append((torch.get_num_threads(), blas_threads())) or subgraphs(*a, **kw)
+        retriever, "_expand", lambda *a, **kw: seen.append((torch.get_num_threads(), blas_threads())) or expand(*a, **kw)
     )
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -260,6 +260,25 @@ def test_hits_carry_names_types_triples_and_a_prompt(retriever):
     prompt = hit.to_prompt()
     assert prompt.startswith(f"Question: {question}") and hit.nodes[0].name in prompt
     assert all(f"{h} | {r} | {t}" in prompt for h, r, t in hit.triples)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_prior_reads_a_calls_questions_once_for_the_expansion_and_the_paths(retriever, monkeypatch):
+    """The relation-path prior's terms choose the expansion's relations and each node's explaining path;
+    a call computes them once, and answers as the call before it (nodes and paths)."""
+    import seeder.retrieve.khop as khop
+
+    assert retriever.prior is not None and retriever.config.expand.relation_score == "learned"
+    questions = retriever.artifacts.dataset.queries_of("test").column("text").to_pylist()[:5]
+    before = retriever.retrieve(questions, k=5)
+    calls = []
+    real = khop.prior_path_terms
+    monkeypatch.setattr(khop, "prior_path_terms", lambda *a, **kw: calls.append(len(a[3])) or real(*a, **kw))
+    after = retriever.retrieve(questions, k=5)
+    assert calls == [len(questions)]
+    assert [[(n.id, n.path) for n in h.nodes] for h in after] == [[(n.id, n.path) for n in h.nodes] for h in before]
+    assert any(n.path for h in after for n in h.nodes)
 
 
 @pytest.mark.e2e

@@ -128,6 +128,15 @@ def test_local_output_directory_is_the_path_itself(tmp_path):
         assert out == tmp_path / "out"
 
 
+def test_filesystem_lists_the_same_directory_by_path_and_by_file_uri(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("a")
+    by_path, by_uri = storage.filesystem(tmp_path / "d"), storage.filesystem((tmp_path / "d").as_uri())
+    for fs, root in (by_path, by_uri):
+        assert [i.base_name for i in fs.get_file_info(pafs.FileSelector(root))] == ["a.txt"]
+    assert isinstance(by_path[0], pafs.LocalFileSystem) and by_path[1] == str(tmp_path / "d")
+
+
 def test_bad_uri_is_a_clear_error():
     with pytest.raises(DataError, match="not a usable storage URI"):
         storage.fetch("nosuchscheme://x/y")
