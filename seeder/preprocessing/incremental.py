@@ -590,18 +590,10 @@ def update_seeds(
     old_seeds, old_scores, has_old = parent_seed_rows(parent_seeds, diff, cfg.k0)
     search = resolve_search(cfg, len(node_features), len(query_features)) if cfg.strategy not in ("entity", "hybrid") else "exact"
     if cfg.strategy in ("bm25", "hybrid") or search != "exact":
-        if seeding_inputs_unchanged(diff):
+        if seeding_inputs_unchanged(diff):  # then old_seeds holds every question's
             shutil.copyfile(parent_seeds, out / "seeds.parquet")
-            q_ids, seeds, _ = read_seed_table(out / "seeds.parquet")
-            return {
-                "queries": int(len(q_ids)),
-                "k0": cfg.k0,
-                "strategy": cfg.strategy,
-                "empty": int((seeds < 0).all(axis=1).sum()),
-                "search": search,
-                "recomputed": 0,
-                "why": {"kept": "no node text, node name or question text changed"},
-            }
+            kept = {"kept": "no node text, node name or question text changed"}
+            return {**pp.seed_stage_info(old_seeds, cfg, search), "recomputed": 0, "why": kept}
         info = pp.run_seeds(features_dir, out, kg, config, dense_blocks=dense_blocks)
         q_ids, seeds, scores = read_seed_table(out / "seeds.parquet")
         seeds, scores = _pad_to(seeds, cfg.k0, -1), _pad_to(scores, cfg.k0, -np.inf)
@@ -631,17 +623,7 @@ def update_seeds(
         )
         seeds[rows], scores[rows] = _pad_to(new_seeds, cfg.k0, -1), _pad_to(new_scores, cfg.k0, -np.inf)
     pp.write_seed_table(out / "seeds.parquet", diff.query_ids, seeds, scores)
-    lengths = (seeds >= 0).sum(axis=1)
-    info = {
-        "queries": int(len(diff.query_ids)),
-        "k0": cfg.k0,
-        "strategy": cfg.strategy,
-        "empty": int((lengths == 0).sum()),
-        "search": "exact",
-        "recomputed": int(rows.size),
-        "why": reasons,
-    }
-    return info
+    return {**pp.seed_stage_info(seeds, cfg, "exact"), "recomputed": int(rows.size), "why": reasons}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -683,14 +683,17 @@ def run_seeds(
     )
     search_seconds = time.perf_counter() - start
     write_seed_table(out / "seeds.parquet", query_ids, seeds, scores)
+    return {**seed_stage_info(seeds, cfg, search), "seed_seconds": round(search_seconds, 3), **ann_info}
+
+
+def seed_stage_info(seeds: np.ndarray, cfg, search: str) -> dict[str, Any]:
+    """What every seeds stage records of its seeds ([Q, k0], -1 padded): counts, strategy and search."""
     return {
-        "queries": int(len(query_ids)),
+        "queries": int(len(seeds)),
         "k0": cfg.k0,
         "strategy": cfg.strategy,
         "empty": int((seeds < 0).all(axis=1).sum()),
         "search": search,
-        "seed_seconds": round(search_seconds, 3),
-        **ann_info,
     }
 
 

@@ -38,7 +38,6 @@ from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_pla
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
-from seeder.retrieve.topk import pad_rows
 from seeder.serving.explain import PriorTerms, expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
@@ -610,15 +609,6 @@ class Retriever:
             )
             for i, text in enumerate(questions)
         ]
-
-
-def seed_rows(subgraphs: SubgraphSet) -> np.ndarray:
-    """[Q, most seeds] each subgraph's seeds (its hop-0 nodes), -1 padded."""
-    seed = subgraphs.is_seed
-    rows = segment_ids(subgraphs.node_ptr)[seed]
-    if not len(rows):
-        return np.full((len(subgraphs), 1), -1, dtype=np.int64)
-    return pad_rows(rows, subgraphs.nodes[seed], np.zeros(len(rows), np.float32), len(subgraphs))[0]
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
