@@ -60,12 +60,14 @@ def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
     else:
         actors = ec.num_actors or max(1, int(cpus // ec.cpus_per_actor))
         threads, wanted = max(1, int(min(ec.cpus_per_actor, cpus))), ec.cpus_per_actor
-    # Ray Data's file listing and read tasks need one CPU while the actors live: a pool that
-    # reserved every CPU would wait forever for them (seen on a 2-CPU machine). The actors
-    # still run ``threads`` torch threads; the reservation is only Ray's bookkeeping.
+    # Each actor reserves its whole share: the texts reach the pool from the object store, so no read
+    # task needs a CPU beside it, and a node with room for one actor cannot take a second one while
+    # another node stands idle (SPREAD only prefers free nodes). Only a pool larger than the cluster
+    # (``embed.num_actors``) shares the CPUs out; the reservation is Ray's bookkeeping, each actor
+    # still runs ``threads`` torch threads.
     reserve = min(wanted, cpus)
-    if actors * reserve > cpus - 1:
-        reserve = max(cpus - 1, 0) / actors
+    if actors * reserve > cpus:
+        reserve = cpus / actors
     remote = {"num_cpus": reserve}
     if gpus:
         remote["num_gpus"] = 1 / -(-actors // gpus)  # a share small enough that every actor fits on one GPU

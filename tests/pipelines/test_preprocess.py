@@ -706,8 +706,10 @@ def test_the_embedding_pool_gives_gpu_actors_larger_batches():
     assert (actors, threads, remote) == (8, 1, {"num_gpus": 0.25, "num_cpus": 1.0})  # four actors share each GPU
     assert embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig(actors_per_gpu=1))[::2] == (2, {"num_gpus": 1.0, "num_cpus": 1.0})
     assert embed_pool({"CPU": 16.0, "GPU": 2.0}, EmbedConfig(num_actors=3))[2]["num_gpus"] == 0.5  # 2 on one GPU, 1 on the other
-    # A GPU node with few CPUs: the actors' CPU reservation shrinks so that one stays for Ray Data's reads.
-    assert embed_pool({"CPU": 4.0, "GPU": 1.0}, EmbedConfig())[2] == {"num_gpus": 0.25, "num_cpus": 0.75}
+    # Each actor reserves a whole CPU where there are enough, so two never crowd onto a one-CPU node; a
+    # GPU node with fewer CPUs than actors shares them out.
+    assert embed_pool({"CPU": 4.0, "GPU": 1.0}, EmbedConfig())[2] == {"num_gpus": 0.25, "num_cpus": 1.0}
+    assert embed_pool({"CPU": 2.0, "GPU": 1.0}, EmbedConfig())[2] == {"num_gpus": 0.25, "num_cpus": 0.5}
     from seeder.config import ConfigError, load_config
     from seeder.preprocessing.stages import check_config
 
