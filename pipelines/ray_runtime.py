@@ -65,9 +65,17 @@ def quiet_ray_loggers() -> None:
 # HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.
 # RAY_TRAIN_ENABLE_PRINT_PATCH=0: Ray Train would send a worker's print both to its stdout and through
 # the root logger, so every epoch line reached the terminal twice.
+# RAY_TRAIN_HEALTH_CHECK_INTERVAL_S: every step of a run (workers up, each report, the end) waits for
+# Ray Train's controller to look at its workers again, by default every two seconds; four looks a second
+# end a small two-worker training about 18% sooner (benchmarks/RESULTS.md). A value the user set is kept.
+TRAIN_HEALTH_CHECK = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 RUNTIME_ENV = {
     "worker_process_setup_hook": "pipelines.ray_runtime.quiet_ray_loggers",
-    "env_vars": {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"},
+    "env_vars": {
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+        TRAIN_HEALTH_CHECK: os.environ.get(TRAIN_HEALTH_CHECK, "0.5"),
+    },
 }
 
 
