@@ -257,3 +257,19 @@ def test_cluster_address_is_the_explicit_one_then_ray_address_and_local_means_no
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")  # what `ray job submit` sets
     assert cluster_address(None) == "10.0.0.2:6379"
     assert cluster_address("local") is None  # an explicit local wins over the environment
+
+
+def test_ray_trains_controller_polls_four_times_a_second_unless_the_user_chose():
+    """Every Ray job's runtime environment carries the controller's poll interval to the controller's
+    process (on a cluster it does not inherit the driver's environment), and a user's value wins."""
+    probe = "from pipelines.ray_runtime import RUNTIME_ENV; print(RUNTIME_ENV['env_vars']['RAY_TRAIN_HEALTH_CHECK_INTERVAL_S'])"
+    env = {k: v for k, v in ENV.items() if k != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"}
+    default = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "3"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert (default.stdout.strip(), chosen.stdout.strip()) == ("0.5", "3")
