@@ -65,10 +65,7 @@ def embed_pool(resources: dict, ec) -> tuple[int, int, dict]:
     # another node stands idle (SPREAD only prefers free nodes). Only a pool larger than the cluster
     # (``embed.num_actors``) shares the CPUs out; the reservation is Ray's bookkeeping, each actor
     # still runs ``threads`` torch threads.
-    reserve = min(wanted, cpus)
-    if actors * reserve > cpus:
-        reserve = cpus / actors
-    remote = {"num_cpus": reserve}
+    remote = {"num_cpus": min(wanted, cpus / actors)}
     if gpus:
         remote["num_gpus"] = 1 / -(-actors // gpus)  # a share small enough that every actor fits on one GPU
     return actors, threads, remote
