@@ -49,6 +49,8 @@ TIMING_KEYS = {"epoch_seconds", "trajectories_per_second", "val_seconds"}
 PREPROCESS = [
     "--ray-address",
     "local",
+    "--in-process-below",  # kills land inside Ray's stages, not in a tiny graph's run in the driver
+    "0",
     "--num-cpus",
     "2",
     "--shard-rows",

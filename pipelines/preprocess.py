@@ -33,11 +33,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 
-from pipelines.ray_runtime import add_ray_arguments, start_ray
+from pipelines.ray_runtime import add_ray_arguments, cluster_address, start_ray
 from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
-from seeder.features.embed import EncoderUDF, load_encoder
+from seeder.features.embed import EncoderUDF
 from seeder.preprocessing import incremental as inc
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, open_artifacts
@@ -131,6 +131,21 @@ def embedding_dataset(ray, table, ec, batch_rows: int):
     return ds, (actors, threads)
 
 
+def encoded_batches(ray, table, ec, batch_rows: int, threads: int):
+    """``table``'s texts encoded, as batches of ``kind``, ``row``, ``id``, ``embedding`` and the ``node``
+    that encoded them: through the actor pool of ``embedding_dataset``, or, with ``ray`` None, in
+    this process (node ``driver``) with ``threads`` torch threads."""
+    if ray is not None:
+        ds, _ = embedding_dataset(ray, table, ec, batch_rows)
+        yield from ds.iter_batches(batch_format="numpy", batch_size=None)
+        return
+    encoder = EncoderUDF(to_dict(ec), threads)
+    for start in range(0, table.num_rows, batch_rows):
+        part = table.slice(start, batch_rows)
+        batch = encoder({name: part.column(name).to_numpy(zero_copy_only=False) for name in ("kind", "row", "id", "text")})
+        yield {**batch, "node": np.full(part.num_rows, "driver")}
+
+
 def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args) -> dict:
     inputs = pp.embed_inputs(kg)
     counts = {kind: len(ids) for kind, (ids, _) in inputs.items()}
@@ -143,9 +158,9 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         print(f"embed: resuming, {reused} finished shards kept, {table.num_rows:,} texts left", flush=True)
     by_node: Counter = Counter()
     if table.num_rows:
-        ds, _ = embedding_dataset(ray, table, config.embed, max(config.embed.batch_size, args.udf_batch))
+        batch_rows = max(config.embed.batch_size, args.udf_batch)
         with Progress(table.num_rows, "embed", "texts") as bar:
-            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+            for batch in encoded_batches(ray, table, config.embed, batch_rows, driver_threads(args)):
                 nodes, texts = np.unique(batch["node"], return_counts=True)
                 by_node.update(dict(zip(nodes.tolist(), texts.tolist())))
                 if collector.add(batch["kind"], batch["row"], batch["id"], np.asarray(batch["embedding"])):
@@ -160,6 +175,11 @@ def run_embed(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig,
         "texts_embedded_this_run": int(table.num_rows),
         "texts_by_node": dict(sorted(by_node.items())),
     }
+
+
+def driver_threads(args) -> int:
+    """Torch threads of an encoder in the driver: the CPUs the run was given, else the machine's."""
+    return args.num_cpus or os.cpu_count() or 1
 
 
 def project_shards(batch: dict[str, np.ndarray], shards: str, pca) -> dict[str, np.ndarray]:
@@ -184,17 +204,12 @@ def run_update_embed(need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: S
     embedded = inc.EmbeddedRows(table)
     work = stage.open({"shard_rows": update.shard_rows})
     by_node: Counter = Counter()
-    if 0 < table.num_rows <= LOCAL_EMBED_BATCHES * args.udf_batch:
+    if table.num_rows:
         # A few batches: the driver encodes them, since starting an actor pool costs more than they do.
-        encoder = load_encoder(config.embed)
-        embedded.add(
-            table.column("kind").to_numpy(), table.column("row").to_numpy(), encoder.encode(table.column("text").to_pylist())
-        )
-        by_node["driver"] = table.num_rows
-    elif table.num_rows:
-        ds, _ = embedding_dataset(need_ray(), table, config.embed, max(config.embed.batch_size, args.udf_batch))
+        ray = need_ray() if table.num_rows > LOCAL_EMBED_BATCHES * args.udf_batch else None
+        batch_rows = max(config.embed.batch_size, args.udf_batch)
         with Progress(table.num_rows, "embed", "texts") as bar:
-            for batch in ds.iter_batches(batch_format="numpy", batch_size=None):
+            for batch in encoded_batches(ray, table, config.embed, batch_rows, driver_threads(args)):
                 nodes, texts = np.unique(batch["node"], return_counts=True)
                 by_node.update(dict(zip(nodes.tolist(), texts.tolist())))
                 embedded.add(batch["kind"], batch["row"], np.asarray(batch["embedding"]))
@@ -211,7 +226,10 @@ def run_update_embed(need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: S
 def run_features(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, embed_dir: Path, artifacts: str) -> dict:
     """The features stage: the PCA is fitted in the driver on its bounded sample, and every node
     shard is projected by a Ray Data map over the workers, which read the shards from the artifacts
-    location; the driver places the rows it gets back into ``node.npy``."""
+    location; the driver places the rows it gets back into ``node.npy``. With ``ray`` None, this
+    process projects them."""
+    if ray is None:
+        return {**pp.run_features(embed_dir, stage.open(), kg, config), "rows_by_node": {"driver": kg.num_nodes}}
     import ray.data as data
 
     by_node: Counter = Counter()
@@ -262,18 +280,13 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
         print(f"{stage.name}: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
     by_node: dict[str, list[int]] = {}
     if todo:
-        remote = ray.remote(**BLOCK_TASK)(on_node)
         config_dict = to_dict(config)
-        pending = {remote.remote(task, dataset, artifacts, blocks[b], config_dict): b for b in todo}
-        done = 0
         with Progress(int(sum(len(blocks[b]) for b in todo)), stage.name, "queries") as bar:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                block = pending.pop(ready[0])
-                shard, result = ray.get(ready[0])
+            for done, (block, shard, result) in enumerate(
+                finished_blocks(ray, task, todo, blocks, dataset, artifacts, config_dict), 1
+            ):
                 pp.write_table_atomic(shard, pp.subgraph_shard_path(work, block))
                 by_node.setdefault(result["node"], []).append(block)
-                done += 1
                 bar.update(int(result["queries"]))
                 pp.maybe_stop_for_test(stage.name, done)
     return {
@@ -284,10 +297,28 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
     }
 
 
+def finished_blocks(ray, task, todo: list[int], blocks, dataset: str, artifacts: str, config_dict: dict):
+    """(block, shard, info with its ``node``) of every block in ``todo``, as each finishes: Ray tasks
+    over the cluster, or, with ``ray`` None, one after another in this process (node ``driver``)."""
+    if ray is None:
+        for b in todo:
+            shard, info = task(dataset, artifacts, blocks[b], config_dict)
+            yield b, shard, {**info, "node": "driver"}
+        return
+    remote = ray.remote(**BLOCK_TASK)(on_node)
+    pending = {remote.remote(task, dataset, artifacts, blocks[b], config_dict): b for b in todo}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        block = pending.pop(ready[0])
+        yield block, *ray.get(ready[0])
+
+
 def run_seeds(ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, features: Path, artifacts: str) -> dict:
     """The seeds stage, its dense search spread over Ray tasks of ``--query-block`` queries that read
     the node features from the artifacts location; entity linking and the choice among seeds stay in
-    the driver (they read every question's text)."""
+    the driver (they read every question's text). With ``ray`` None, this process searches them all."""
+    if ray is None:
+        return {**pp.run_seeds(features, stage.open(), kg, config), "blocks_by_node": {"driver": [0]}}
     by_node: dict[str, list[int]] = {}
     info = pp.run_seeds(features, stage.open(), kg, config, dense_blocks=ray_dense_blocks(ray, config, args, artifacts, by_node))
     return {**info, "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
@@ -379,6 +410,11 @@ def update_query_stage(
     return {**info, "recomputed": int(len(ids)), "kept": int(kept)}
 
 
+IN_PROCESS_BELOW = 2048
+"""Texts under which a local run skips Ray: starting Ray and its workers costs a small graph's run
+several times its work (a few seconds of stages against about 15 s of start)."""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python pipelines/preprocess.py", description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--dataset", required=True, help="dataset directory or URI (from `seeder import` or `seeder synth`)")
@@ -394,6 +430,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--udf-batch", type=int, default=1024, help="texts per Ray Data batch given to an encoder actor")
     parser.add_argument("--query-block", type=int, default=1_000, help="queries per expansion task and shard")
     parser.add_argument(
+        "--in-process-below",
+        type=int,
+        default=IN_PROCESS_BELOW,
+        metavar="TEXTS",
+        help="a graph of fewer texts (nodes, relations and queries) than this, with no cluster to join, goes through "
+        "every stage in this process without starting Ray; 0: always on Ray",
+    )
+    parser.add_argument(
         "--update",
         metavar="PARENT_ARTIFACTS",
         help="the artifacts of --dataset's parent version (`seeder import ... --update`): reuse them and recompute "
@@ -407,6 +451,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. embed.encoder=hash expand.budget=150")
     args = parser.parse_args(argv)
+    if args.in_process_below < 0:
+        parser.error("--in-process-below must be 0 or more")
     if args.refit_prior and not args.update:
         parser.error("--refit-prior goes with --update (a full run always fits the prior)")
     for name in ("shard_rows", "udf_batch", "query_block"):
@@ -553,16 +599,28 @@ def run_stages(
         run_update(update, stage_run, need_ray, args, config, kg, dataset, out, inputs, counts)
         finish(args, kg, dataset, out, target, timer, counts, config, total_start, ray, update, manifest)
         return
+    in_process = cluster_address(args.ray_address) is None and texts < args.in_process_below
+    if in_process:
+        print(
+            f"preprocess: {texts:,} texts, fewer than --in-process-below {args.in_process_below:,}: "
+            "every stage runs in this process, without Ray",
+            flush=True,
+        )
+
+    def cluster():
+        """Ray for a stage's work, or None when the graph is small enough for this process."""
+        return None if in_process else need_ray()
+
     stage_run(
         "embed",
-        lambda s: run_embed(need_ray(), s, kg, config, args),
+        lambda s: run_embed(cluster(), s, kg, config, args),
         texts,
         "texts",
         f"{counts['nodes']:,} nodes, {counts['relations']:,} relations, {counts['queries']:,} queries",
     )
     stage_run(
         "features",
-        lambda s: run_features(need_ray(), s, kg, config, out / "embed", inputs),
+        lambda s: run_features(cluster(), s, kg, config, out / "embed", inputs),
         texts,
         "rows",
         f"PCA to {config.reduce.dim or 'encoder'} dims of {texts:,} rows",
@@ -585,7 +643,7 @@ def run_stages(
         write_manifest(out, manifest)
     stage_run(
         "seeds",
-        lambda s: run_seeds(need_ray(), s, kg, config, args, out / "features", inputs),
+        lambda s: run_seeds(cluster(), s, kg, config, args, out / "features", inputs),
         counts["queries"],
         "queries",
         f"top-{config.seed.k0} {config.seed.strategy} seeds of {counts['queries']:,} queries",
@@ -594,7 +652,7 @@ def run_stages(
         train_count = len(pp.train_query_ids(kg))
         stage_run(
             "paths",
-            lambda s: run_query_blocks(need_ray(), s, pp.paths_block, pp.train_query_ids(kg), dataset, inputs, config, args),
+            lambda s: run_query_blocks(cluster(), s, pp.paths_block, pp.train_query_ids(kg), dataset, inputs, config, args),
             train_count,
             "queries",
             f"golden relation paths (<= {config.expand.hops} hops) of {train_count:,} training queries",
@@ -607,7 +665,7 @@ def run_stages(
     stage_run(
         "subgraphs",
         lambda s: run_query_blocks(
-            need_ray(), s, pp.expand_block, np.load(out / "features" / "query_ids.npy"), dataset, inputs, config, args
+            cluster(), s, pp.expand_block, np.load(out / "features" / "query_ids.npy"), dataset, inputs, config, args
         ),
         counts["queries"],
         "subgraphs",

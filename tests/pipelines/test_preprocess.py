@@ -82,11 +82,16 @@ def tiny_dataset(tmp_path_factory) -> Path:
     return write_tiny_dataset(tmp_path_factory.mktemp("data") / "tiny", 40, seed=7, two_hop_answers=False, id_stride=7)
 
 
+ON_RAY = ["--in-process-below", "0"]
+"""A tiny graph goes through every stage in the driver unless told otherwise: the reference runs on Ray,
+so that the runs of the other tests (in the driver) are compared with it."""
+
+
 @pytest.fixture(scope="module")
 def reference_run(tiny_dataset, tmp_path_factory) -> tuple[Path, Watch]:
-    """The reference job, with its process tree's listening sockets watched while it runs."""
+    """The reference job on Ray, with its process tree's listening sockets watched while it runs."""
     out = tmp_path_factory.mktemp("art") / "reference"
-    result, watch = watch_command(job_command(tiny_dataset, out), timeout=600, env=_env(), cwd=REPO)
+    result, watch = watch_command(job_command(tiny_dataset, out, *ON_RAY), timeout=600, env=_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (out.parent / "terminal.txt").write_text(result.stdout + result.stderr)
     return out, watch
@@ -163,6 +168,24 @@ def test_job_writes_every_artifact(reference, tiny_dataset):
     assert manifest["fingerprints"] == stage_fingerprints(
         load_config(None, OVERRIDES), open_dataset(tiny_dataset).fingerprint, open_dataset(tiny_dataset).num_nodes
     )
+
+
+def test_a_small_local_graph_goes_through_every_stage_without_ray_to_the_same_artifacts(reference, tiny_dataset, tmp_path):
+    """Below ``--in-process-below`` texts, with no cluster to join, no Ray node starts and every stage runs
+    in the driver, which the stages record as the node of their work; the artifacts equal those of the
+    run on Ray. A cluster address keeps a small graph on the cluster."""
+    out = tmp_path / "in-process"
+    result = run_job(tiny_dataset, out)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "348 texts, fewer than --in-process-below 2,048: every stage runs in this process" in result.stdout
+    assert "Ray's logs are in" not in result.stdout + result.stderr
+    stages = json.loads((out / "summary.json").read_text())["stages"]
+    assert stages["embed"]["info"]["texts_by_node"] == {"driver": 348}
+    assert stages["features"]["info"]["rows_by_node"] == {"driver": 300}
+    assert stages["subgraphs"]["info"]["blocks_by_node"] == {"driver": [0, 1, 2, 3]}
+    ray_stages = json.loads((reference / "summary.json").read_text())["stages"]
+    assert "driver" not in ray_stages["embed"]["info"]["texts_by_node"]
+    _assert_same_artifacts(reference, out)
 
 
 def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, tiny_dataset, tmp_path):
@@ -503,6 +526,8 @@ def test_job_runs_through_ray_job_submit_on_a_local_head(reference, tiny_dataset
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert "succeeded" in job.stdout
         assert "Started a local Ray instance" not in job.stdout  # it joined the head
+        # A small graph stays on the cluster it was sent to.
+        assert "driver" not in json.loads((out / "summary.json").read_text())["stages"]["embed"]["info"]["texts_by_node"]
         _assert_same_artifacts(reference, out)
     finally:
         _kill_head(head, temp_dir)
