@@ -87,7 +87,7 @@ def write_tiny_graph(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """A tiny graph preprocessed by pipelines/preprocess.py with the hash encoder on an embedded Ray."""
+    """A tiny graph preprocessed by pipelines/preprocess.py with the hash encoder (in its own process: the graph is small)."""
     root = tmp_path_factory.mktemp("sweep-data")
     dataset = write_tiny_graph(root / "ds")
     out = root / "art"
