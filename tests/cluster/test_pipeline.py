@@ -285,12 +285,35 @@ def train(cluster, s3, artifacts_uri: str, name: str, out: Path, *flags: str, ep
 RANK_LINE = re.compile(r"train: rank (\d) of 2 on node ([0-9a-f]+)")
 
 
-def test_training_runs_one_worker_per_node_and_evaluates_from_s3(cluster, s3, cluster_artifacts):
-    out = cluster.driver_dir / "train-both"
-    job = train(cluster, s3, cluster_artifacts, "both", out)
-    assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
-    ranks = dict(RANK_LINE.findall(job.logs))
+def test_training_runs_one_worker_per_node_survives_a_lost_node_and_evaluates_from_s3(cluster, s3, cluster_artifacts):
+    """One Ray Train worker per node; a node killed after the first checkpoint fails the run, and
+    ``--resume`` (the node back) continues from the checkpoint in S3, again one worker per node, to a
+    model that ``seeder evaluate`` loads on the cluster. One run for all three: a training job less."""
+    out = cluster.driver_dir / "train-killed"
+    job = train(cluster, s3, cluster_artifacts, "killed", out, epochs=8, wait=False)
+    # Kill a node once Ray Train has recorded a checkpoint in S3 (its snapshot lists epoch_0001).
+    import pyarrow.fs as pafs
+
+    snapshot = f"{s3.bucket}/seeder/tiny/ray/killed/{SNAPSHOT_FILE}"
+    fs = s3.filesystem()
+    deadline = time.monotonic() + 300
+    while not (fs.get_file_info(snapshot).type == pafs.FileType.File and b"epoch_0001" in fs.open_input_stream(snapshot).read()):
+        assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
+        time.sleep(0.2)
+    cluster.kill_worker("b")
+    try:
+        failed = cluster.wait_job(job.submission_id, timeout=300)
+        assert not failed.ok, failed.logs[-3000:]
+    finally:
+        cluster.add_worker("b")
+    resumed = train(cluster, s3, cluster_artifacts, "killed", out, "--resume", epochs=8)
+    assert resumed.ok, f"{resumed.status} {resumed.message}\n{resumed.logs[-5000:]}"
+    ranks = dict(RANK_LINE.findall(resumed.logs))
     assert set(ranks) == {"0", "1"} and set(ranks.values()) == worker_ids(cluster), (ranks, worker_ids(cluster))
+    assert re.search(r"resumed from checkpoint after epoch [1-7]", resumed.logs), resumed.logs[-3000:]
+    assert "epoch 1/8" not in resumed.logs and "epoch 8/8" in resumed.logs
+    history = json.loads((out / "history.json").read_text())
+    assert [row["epoch"] for row in history] == list(range(1, 9))
     assert (out / "model" / DESCRIPTION_FILE).is_file()
 
     evaluated = cluster.submit_job(
@@ -311,32 +334,6 @@ def test_training_runs_one_worker_per_node_and_evaluates_from_s3(cluster, s3, cl
     )
     assert evaluated.ok, f"{evaluated.status} {evaluated.message}\n{evaluated.logs[-5000:]}"
     assert re.search(r"hit_at_1", evaluated.logs), evaluated.logs[-3000:]
-
-
-def test_a_worker_node_lost_during_training_resumes_from_the_checkpoint_in_s3(cluster, s3, cluster_artifacts):
-    out = cluster.driver_dir / "train-killed"
-    job = train(cluster, s3, cluster_artifacts, "killed", out, epochs=8, wait=False)
-    # Kill a node once Ray Train has recorded a checkpoint in S3 (its snapshot lists epoch_0001).
-    import pyarrow.fs as pafs
-
-    snapshot = f"{s3.bucket}/seeder/tiny/ray/killed/{SNAPSHOT_FILE}"
-    fs = s3.filesystem()
-    deadline = time.monotonic() + 300
-    while not (fs.get_file_info(snapshot).type == pafs.FileType.File and b"epoch_0001" in fs.open_input_stream(snapshot).read()):
-        assert time.monotonic() < deadline, cluster.job_logs(job.submission_id)[-3000:]
-        time.sleep(0.2)
-    cluster.kill_worker("b")
-    try:
-        failed = cluster.wait_job(job.submission_id, timeout=300)
-        assert not failed.ok, failed.logs[-3000:]
-    finally:
-        cluster.add_worker("b")
-    resumed = train(cluster, s3, cluster_artifacts, "killed", out, "--resume", epochs=8)
-    assert resumed.ok, f"{resumed.status} {resumed.message}\n{resumed.logs[-5000:]}"
-    assert re.search(r"resumed from checkpoint after epoch [1-7]", resumed.logs), resumed.logs[-3000:]
-    assert "epoch 1/8" not in resumed.logs and "epoch 8/8" in resumed.logs
-    history = json.loads((out / "history.json").read_text())
-    assert [row["epoch"] for row in history] == list(range(1, 9))
 
 
 # The sweep and the service log to, and load from, a real MLflow server: a node-local sqlite store

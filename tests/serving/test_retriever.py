@@ -346,8 +346,7 @@ def test_batch_command_writes_one_result_per_question(trained, retriever, tmp_pa
     import pyarrow.parquet as pq
 
     assert pq.read_table(tmp_path / "r.parquet").column("question").to_pylist() == questions
-    done = _run([seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", questions[0]], env=ENV)
-    assert json.loads(done.stdout)["nodes"][0]["id"] == expected[0].nodes[0].id
+    # One question as JSON on stdout, compiled: the same nodes as the eager retriever's.
     done = _run(
         [seeder, "retrieve", "--model", str(root / "run" / "model"), "--json", "--compile", "-k", "4", questions[0]], env=ENV
     )
