@@ -254,7 +254,7 @@ def cluster_artifacts(cluster, s3, dataset_uri) -> str:
     return out_uri
 
 
-def train(cluster, s3, artifacts_uri: str, name: str, out: Path, *flags: str, epochs: int = 3, wait: bool = True):
+def train(cluster, s3, artifacts_uri: str, name: str, out: Path, *flags: str, epochs: int, wait: bool = True):
     return cluster.submit_job(
         [
             "python",
