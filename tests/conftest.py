@@ -121,3 +121,14 @@ def pytest_collection_modifyitems(config, items):
         params = item.callspec.params if hasattr(item, "callspec") else {}
         if folder in E2E_FOLDERS or SERVER_FIXTURES & set(item.fixturenames) or params.get("backend") == "s3":
             item.add_marker(pytest.mark.e2e)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test` hands whole files to its workers in collection order. Longest first (files with
+        # slow tests, then the other end-to-end ones): a file of minutes handed out last would leave the
+        # other worker idle that long while unit files, short, fill the end.
+        def weight(item) -> int:
+            return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("e2e") else 2
+
+        per_file: dict[str, int] = {}
+        for item in items:
+            per_file[item.fspath] = min(per_file.get(item.fspath, 2), weight(item))
+        items.sort(key=lambda item: per_file[item.fspath])

@@ -1,8 +1,10 @@
-"""A second process that holds an output directory's lock, for tests of concurrent writers."""
+"""Processes for tests: a second process that holds an output directory's lock (concurrent writers), a
+graceful stop, and ``bench_kill``, the fault benchmark whose kill of a whole process group the tests use."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -11,6 +13,12 @@ from pathlib import Path
 from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
+
+_spec = importlib.util.spec_from_file_location("bench_kill", REPO / "benchmarks" / "bench_kill.py")
+bench_kill = importlib.util.module_from_spec(_spec)
+"""benchmarks/bench_kill.py: the pipeline's commands, ``kill_group`` (SIGKILL a step's process group and the
+Ray daemons it left) and the comparisons of a rerun with an uninterrupted run."""
+_spec.loader.exec_module(bench_kill)
 
 _HOLD = """
 import sys, time

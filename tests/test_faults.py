@@ -1,5 +1,6 @@
-"""Fault injection: kill -9 at random (seeded) points of the import, each preprocessing stage, training and a
-sweep, then rerun the way a user would and compare with an uninterrupted run.
+"""Fault injection: kill -9 at random (seeded) points of the import, an update, each preprocessing stage and
+training, then rerun the way a user would and compare with an uninterrupted run. (A sweep killed with -9:
+tests/tune/test_sweep.py.)
 
 The quick tests kill the import (at random delays and at the two windows that matter: just before the
 manifest is written and between the renames of an overwrite) and training inside its checkpoint save. The
@@ -9,7 +10,6 @@ process group, the comparisons) are those of ``benchmarks/bench_kill.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import shutil
@@ -21,11 +21,7 @@ from pathlib import Path
 import pytest
 
 from seeder.preprocessing.stages import TEST_STOP_ENV
-
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("bench_kill", REPO / "benchmarks" / "bench_kill.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from tests.processes import bench_kill as bench
 
 SEED = int(os.environ.get("FAULT_SEED", 0))
 
@@ -330,29 +326,5 @@ def test_a_kill_during_ray_training_resumes_to_the_same_model(reference_pipeline
         resumed = _run(bench.commands(inputs, run, "ray", rerun=True)["train"], run)
         assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
         assert bench.same("train", snapshots["train"], bench.snapshot(run, "train")) == ""
-    finally:
-        _restore(ref)
-
-
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_a_killed_sweep_resumes_and_finishes_every_trial(reference_pipeline, inputs, tmp_path):
-    ref, _, _ = reference_pipeline
-    run = _fresh_run(ref, tmp_path, ["import", "preprocess"])
-    try:
-        cmd = bench.commands(inputs, run, "ray", rerun=False)["sweep"]
-        with open(tmp_path / "steps.log", "ab") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=bench.step_env(run), cwd=run, start_new_session=True
-            )
-            # Inside the first trial: its directory exists (the experiment state is saved every 2 s).
-            reached = _wait_for(run / "sweeps" / "s" / "seeder_sweep.json", proc)
-            time.sleep(random.Random(SEED).uniform(2.0, 6.0))
-            bench.kill_group(proc)
-        assert reached, (tmp_path / "steps.log").read_text()[-3000:]
-        resumed = _run(bench.commands(inputs, run, "ray", rerun=True)["sweep"], run)
-        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-        assert "champion:" in resumed.stdout
-        assert bench.snapshot(run, "sweep")["trials"] == 2
     finally:
         _restore(ref)

@@ -111,15 +111,6 @@ def test_loopback_addresses():
         assert not is_loopback(address), address
 
 
-@needs_ss
-@linux_only
-def test_embedded_ray_listens_on_loopback_only():
-    done, watch = watch_command([sys.executable, "-c", DRIVER], timeout=400, env=driver_env(), cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert "node 127.0.0.1" in done.stdout
-    assert_ray_listened_on_loopback_only(watch, "an embedded Ray")
-
-
 @pytest.mark.slow
 @needs_ss
 @linux_only
@@ -159,8 +150,11 @@ def test_seeder_ui_listens_on_loopback_only(tmp_path):
 
 
 @pytest.mark.slow
+@needs_ss
 @linux_only
-def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
+def test_the_next_embedded_ray_stops_what_a_killed_driver_left_spares_a_live_session_and_listens_on_loopback():
+    """Three drivers: one that holds its session, one killed, and the next run, which must stop what the
+    killed one left, leave the live session alone, and, like every embedded Ray, listen on loopback only."""
     env = driver_env()
     live = subprocess.Popen(
         [sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -182,8 +176,10 @@ def test_next_run_stops_what_a_killed_driver_left_and_spares_a_live_session():
         killed.wait()
         time.sleep(2)  # the GCS and raylet die with their driver; its agents would linger for a minute or more
 
-        done = subprocess.run([sys.executable, "-c", DRIVER], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+        done, watch = watch_command([sys.executable, "-c", DRIVER], timeout=400, env=env, cwd=REPO)
         assert done.returncode == 0, done.stderr[-3000:]
+        assert "node 127.0.0.1" in done.stdout
+        assert_ray_listened_on_loopback_only(watch, "an embedded Ray")
         assert not running(killed_tree), f"left running: {sorted(running(killed_tree))}\n{done.stderr[-2000:]}"
         # The agents were still there when the next run started (they linger for a minute or more), and
         # it stopped them: nothing of the live session among them.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from seeder.training.sweep import METRIC
 from tests.conftest import free_port
+from tests.processes import bench_kill
 from tests.sockets import assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -349,8 +351,9 @@ def test_mlflow_ui_lists_the_sweeps_runs(server_sweep, tmp_path):
     assert not missing, f"the MLflow UI did not render runs {missing}"
 
 
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, tmp_path):
-    """Ctrl-C after two trials finished; --resume completes the sweep and leaves those two alone."""
+def test_an_interrupted_and_then_killed_sweep_resumes_without_rerunning_finished_trials(artifacts, tmp_path):
+    """Ctrl-C after two trials finished; a ``--resume`` killed with -9 inside a trial, nothing saved on the
+    way out; a second ``--resume`` completes the sweep and leaves the first two trials alone."""
     import sqlite3
 
     db = tmp_path / "runs" / "mlflow.db"
@@ -379,12 +382,12 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
         stderr=subprocess.STDOUT,
     )
 
-    def finished_trials(attempts: int = 1) -> list[str]:
+    def trials(status: str = "FINISHED", attempts: int = 1) -> list[str]:
         for _ in range(attempts):
             if db.is_file():
                 try:
                     with sqlite3.connect(db, timeout=30) as con:
-                        return [r[0] for r in con.execute("select name from runs where status = 'FINISHED' and name like 't0%'")]
+                        return [r[0] for r in con.execute(f"select name from runs where status = '{status}' and name like 't0%'")]
                 except sqlite3.OperationalError:  # not created yet, or locked by a writer
                     pass
             time.sleep(1)
@@ -399,7 +402,7 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
-    done_before = finished_trials(attempts=30)
+    done_before = trials(attempts=30)
     assert 2 <= len(done_before) < 4
     # A trial that Tune will resume is KILLED in MLflow, not left RUNNING (or FINISHED when Ctrl-C
     # fell between its last epoch and Tune saving that result).
@@ -410,9 +413,25 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(artifacts, 
     stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
     assert len(stamps) == len(done_before)
 
+    # kill -9 the whole resumed sweep (its driver and embedded Ray) at a random point of a trial it runs.
+    killed = subprocess.Popen(
+        [sys.executable, str(SWEEP), *args, "--resume"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=open(tmp_path / "killed.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    # Inside a trial: the resumed sweep has reopened a trial's MLflow run (Ctrl-C left none RUNNING).
+    deadline = time.time() + 300
+    while not trials("RUNNING") and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(random.Random(0).uniform(0.2, 1.5))
+    assert killed.poll() is None, "the resumed sweep ended before the kill: " + (tmp_path / "killed.log").read_text()[-2000:]
+    bench_kill.kill_group(killed)
     second = sweep([*args, "--resume"], tmp_path, ENV)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
-    assert "resuming sweep res" in second.stderr
+    assert "resuming sweep res" in second.stderr and "champion:" in second.stdout
     trial_dirs = sorted(p.name for p in experiment_dir.glob("t[0-9]*") if p.is_dir())
     assert len(trial_dirs) == 4, trial_dirs
     for name, stamp in stamps.items():
