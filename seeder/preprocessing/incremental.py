@@ -7,8 +7,10 @@ parent's artifacts and recomputes, per stage:
 - embed: the texts (node, relation, question) that are new or differ from the parent's text of the
   same id; every other row is the parent's;
 - features: the same rows, projected with the parent's PCA (kept, not fitted again); the rest copied;
-- seeds: the questions whose seeds can change: new or edited ones, those whose entity links change,
-  those whose seeds include a node whose features changed, and those where a node whose features
+- seeds: the questions whose seeds can change: new or edited ones, those whose entity links can change
+  (they mention a name of a renamed, new or removed node, or one that a new, edited or removed question
+  mentions: one regular-expression scan, no question linked twice), those whose seeds include a node
+  whose features changed, and those where a node whose features
   changed now scores at least their last dense seed's score (one product of the questions with the
   changed nodes' features, never with every node). An ANN index, or a strategy that reads every node
   text, seeds every question again, unless no node text or name and no question changed: seeding
@@ -51,7 +53,7 @@ from seeder.data.subgraphs import SubgraphSet
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
-from seeder.retrieve.seeds import EntityLinker, given_seeds, resolve_search, seed_queries
+from seeder.retrieve.seeds import EntityLinker, given_seeds, normalise_texts, resolve_search, seed_queries
 from seeder.system.io import DataError, fingerprint_json, read_manifest
 from seeder.system.threads import intra_op_threads
 
@@ -465,17 +467,42 @@ def _padded(lists: list[np.ndarray], width: int) -> np.ndarray:
     return out
 
 
-def _linked(
-    kg: KnowledgeGraph, config: SeederConfig, texts: list[str], query_ids: np.ndarray, linker: EntityLinker | None = None
-) -> np.ndarray | None:
-    """The linked seeds (entity links, or the given topic node) of these questions, padded; None for
-    strategies without any. ``linker``: ``kg``'s, when already built."""
-    cfg = config.seed
-    if cfg.strategy in ("entity", "dense+entity"):
-        return _padded((linker or EntityLinker(kg, cfg)).link(texts), max(cfg.entity_max, 1))
-    if cfg.strategy == "given":
-        return _padded(given_seeds(kg, query_ids, cfg.given_attribute), 1)
-    return None
+def names_to_relink(kg: KnowledgeGraph, parent_kg: KnowledgeGraph, diff: VersionDiff, linker: EntityLinker) -> set[str]:
+    """Normalised names whose entity links can differ between the parent's linker and ``linker`` (the new
+    version's): the old and new names of renamed, new or removed nodes (which nodes a name links to
+    changes), and the names that new, edited or removed questions mention (their query counts, the
+    linker's IDF, change). A question that mentions none of them links exactly as in the parent."""
+    ids = np.flatnonzero(diff.renamed)
+    old_ids = ids[ids < parent_kg.num_nodes]
+    names = set(normalise_texts(kg.node_names.take(pa.array(ids))).to_pylist())
+    names |= set(normalise_texts(parent_kg.node_names.take(pa.array(old_ids))).to_pylist())
+    kept_parent_rows = np.zeros(len(diff.parent_query_ids), dtype=bool)
+    kept_parent_rows[diff.query_source[diff.query_source >= 0]] = True
+    new_texts = (
+        kg.table("queries", ["id", "text"]).sort_by("id").column("text").take(pa.array(np.flatnonzero(diff.query_source < 0)))
+    )
+    gone_texts = (
+        parent_kg.table("queries", ["id", "text"]).sort_by("id").column("text").take(pa.array(np.flatnonzero(~kept_parent_rows)))
+    )
+    # A name only the parent knew is a renamed or removed node's, already in ``names``.
+    names |= linker.mentioned_names(pa.concat_arrays([new_texts.combine_chunks(), gone_texts.combine_chunks()]))
+    names.discard("")
+    return names
+
+
+NAMES_PER_PATTERN = 512
+"""Names per regular expression in ``mention_any``: RE2 bounds a compiled pattern's memory."""
+
+
+def mention_any(normalised_texts: pa.Array, names: set[str]) -> np.ndarray:
+    """bool per text: whether a normalised text holds one of the normalised ``names`` as whole words.
+    Normalised strings hold only letters, digits and single spaces, so a name needs no escaping."""
+    found = np.zeros(len(normalised_texts), dtype=bool)
+    ordered = sorted(names)
+    for lo in range(0, len(ordered), NAMES_PER_PATTERN):
+        pattern = "(?:^| )(?:" + "|".join(ordered[lo : lo + NAMES_PER_PATTERN]) + ")(?: |$)"
+        found |= pc.match_substring_regex(normalised_texts, pattern=pattern).to_numpy(zero_copy_only=False)
+    return found
 
 
 def _pad_to(array: np.ndarray, width: int, fill) -> np.ndarray:
@@ -514,17 +541,19 @@ def seeds_to_recompute(
     cfg = config.seed
     k0 = cfg.k0
     fresh = (diff.query_source < 0) | ~has_old
-    texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
-    linked = _linked(kg, config, texts, diff.query_ids, linker)
     relinked = np.zeros(len(fresh), dtype=bool)
-    dense_part = np.ones(len(fresh), dtype=bool)
-    if linked is not None:
+    if linker is not None:
+        names = names_to_relink(kg, parent_kg, diff, linker)
+        if names:
+            texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text")
+            relinked = mention_any(normalise_texts(texts).combine_chunks(), names) & ~fresh
+    elif cfg.strategy == "given":
         same = np.flatnonzero(~fresh)
-        parent_linked = _linked(parent_kg, config, [texts[i] for i in same.tolist()], diff.query_ids[same])
-        relinked[same] = (parent_linked != linked[same]).any(axis=1)
-        distinct = (linked >= 0).sum(axis=1)  # the linker returns distinct ids
-        dense_part = cfg.strategy != "entity"
-        dense_part = np.broadcast_to(dense_part, len(fresh)) & (distinct < k0)
+        given = _padded(given_seeds(kg, diff.query_ids[same], cfg.given_attribute), 1)
+        relinked[same] = (_padded(given_seeds(parent_kg, diff.query_ids[same], cfg.given_attribute), 1) != given).any(axis=1)
+    # Questions with as many links as seeds take no dense seed; counting links would link every
+    # question, so every row but the entity strategy's is screened as one that can take dense seeds.
+    dense_part = np.full(len(fresh), cfg.strategy != "entity")
     changed = diff.changed_nodes
     holds_changed = ((old_seeds >= 0) & changed[np.maximum(old_seeds, 0)]).any(axis=1)
     # A dense seed row can take a changed node where that node scores at least the row's last score.
@@ -544,7 +573,7 @@ def seeds_to_recompute(
     redo = fresh | relinked | holds_changed | outscored
     reasons = {
         "new_or_edited": int(fresh.sum()),
-        "links_changed": int((relinked & ~fresh).sum()),
+        "links_can_change": int((relinked & ~fresh).sum()),
         "seed_changed": int((holds_changed & ~fresh & ~relinked).sum()),
         "outscored": int((outscored & ~fresh & ~relinked & ~holds_changed).sum()),
     }

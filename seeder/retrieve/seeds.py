@@ -169,6 +169,10 @@ class EntityLinker:
                     found.append((start, n, name))
         return found
 
+    def mentioned_names(self, texts: list[str]) -> set[str]:
+        """The names (normalised) that occur in any of ``texts`` as a word n-gram."""
+        return {m[2] for text in normalise_texts(texts).to_pylist() for m in self._mentions(text.split())}
+
     def _verbatim_first(self, ids: np.ndarray, raw: str | None) -> list[int]:
         """Nodes sharing one normalised name, those spelled in ``raw`` exactly as named first."""
         if len(ids) < 2 or not raw:

@@ -329,3 +329,35 @@ def test_a_new_relation_needs_the_prior_fitted_again(versions, tmp_path):
     with pytest.raises(DataError, match=r"adds 1 relation\(s\).*pass --refit-prior"):
         inc.check_kept_prior(open_dataset(child), open_artifacts(tmp_path / "a1"), config, refit_prior=False)
     inc.check_kept_prior(open_dataset(child), open_artifacts(tmp_path / "a1"), config, refit_prior=True)
+
+
+def test_every_question_whose_entity_links_change_is_seeded_again_and_few_others(versions, tmp_path):
+    """Brute force: both versions' linkers link every kept question; those linked differently are all
+    among the ones the update screens in (by name, without linking), and the screen leaves most alone.
+    The change removes a node that questions name, adds one named inside another question's entity name
+    and adds a question that names two entities (the counts that rank mentions change)."""
+    from seeder.retrieve.seeds import EntityLinker, normalise_texts
+
+    parent, _ = versions
+    parent_kg = open_dataset(parent)
+    texts = parent_kg.queries.column("text").to_pylist()
+    named = lambda text: text.removeprefix("what is related to ")  # noqa: E731
+    (tmp_path / "nodes.csv").write_text(f"name,text,op\n{named(texts[0])},,remove\n{named(texts[1]).rsplit(' ', 1)[0]},new,add\n")
+    answer = parent_kg.node_names[0].as_py()
+    (tmp_path / "queries.csv").write_text(
+        f"id,text,answers,split,op\n,what is related to {named(texts[2])} and {named(texts[3])},{answer},train,add\n"
+    )
+    update_dataset(parent, tmp_path / "v2", nodes_path=tmp_path / "nodes.csv", queries_path=tmp_path / "queries.csv")
+    kg = open_dataset(tmp_path / "v2")
+    seed_config = config_for("dense+entity").seed
+    diff = inc.diff_versions(parent_kg, kg)
+    linker = EntityLinker(kg, seed_config)
+    texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").combine_chunks()
+    screened = inc.mention_any(normalise_texts(texts), inc.names_to_relink(kg, parent_kg, diff, linker))
+    kept = np.flatnonzero(diff.query_source >= 0)
+    kept_texts = texts.take(pa.array(kept)).to_pylist()
+    new, old = linker.link(kept_texts), EntityLinker(parent_kg, seed_config).link(kept_texts)
+    differ = np.array([not np.array_equal(a, b) for a, b in zip(new, old)])
+    assert differ.sum() >= 2, "the change set must change the links of the questions naming the two nodes"
+    assert screened[kept][differ].all(), [kept_texts[i] for i in np.flatnonzero(differ & ~screened[kept])]
+    assert screened[kept].mean() < 0.25
