@@ -542,18 +542,23 @@ def seeds_to_recompute(
     k0 = cfg.k0
     fresh = (diff.query_source < 0) | ~has_old
     relinked = np.zeros(len(fresh), dtype=bool)
+    dense_part = np.full(len(fresh), cfg.strategy != "entity")
     if linker is not None:
+        texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").combine_chunks()
         names = names_to_relink(kg, parent_kg, diff, linker)
         if names:
-            texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text")
-            relinked = mention_any(normalise_texts(texts).combine_chunks(), names) & ~fresh
+            relinked = mention_any(normalise_texts(texts), names) & ~fresh
+        # A question with k0 links takes no dense seed. The new linker's links are the parent's for
+        # every question not relinked (the parent's linker is never built).
+        links = _padded(linker.link(texts), max(cfg.entity_max, 1))
+        dense_part &= (links >= 0).sum(axis=1) < k0
     elif cfg.strategy == "given":
         same = np.flatnonzero(~fresh)
-        given = _padded(given_seeds(kg, diff.query_ids[same], cfg.given_attribute), 1)
-        relinked[same] = (_padded(given_seeds(parent_kg, diff.query_ids[same], cfg.given_attribute), 1) != given).any(axis=1)
-    # Questions with as many links as seeds take no dense seed; counting links would link every
-    # question, so every row but the entity strategy's is screened as one that can take dense seeds.
-    dense_part = np.full(len(fresh), cfg.strategy != "entity")
+        given = _padded(given_seeds(kg, diff.query_ids, cfg.given_attribute), 1)
+        relinked[same] = (_padded(given_seeds(parent_kg, diff.query_ids[same], cfg.given_attribute), 1) != given[same]).any(
+            axis=1
+        )
+        dense_part &= (given >= 0).sum(axis=1) < k0
     changed = diff.changed_nodes
     holds_changed = ((old_seeds >= 0) & changed[np.maximum(old_seeds, 0)]).any(axis=1)
     # A dense seed row can take a changed node where that node scores at least the row's last score.
