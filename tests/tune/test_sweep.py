@@ -1,6 +1,6 @@
 """tune/sweep.py end to end on tiny artifacts: a real `mlflow server`, the MLflow UI in headless
-chromium, a failing trial, every listener on loopback, and an interrupted sweep that resumes without rerunning
-finished trials."""
+chromium, a failing trial, every listener on loopback, and a sweep interrupted with Ctrl-C, then killed with
+-9, that resumes without rerunning finished trials."""
 
 from __future__ import annotations
 
