@@ -43,6 +43,7 @@ from seeder.data.importers.triples import (
     resolve_queries,
     source_location,
 )
+from seeder.data.ragged import isin_sorted
 from seeder.data.store import REMOVED_TYPE, KnowledgeGraph, open_dataset, write_dataset
 from seeder.system.io import DataError, fingerprint_file, writes_output
 
@@ -106,6 +107,14 @@ def _triples_at(heads: pa.Array, rels: pa.Array, tails: pa.Array, rows: np.ndarr
     take = pa.array(rows[:5], pa.int64())
     parts = zip(heads.take(take).to_pylist(), rels.take(take).to_pylist(), tails.take(take).to_pylist())
     return ", ".join(f"{h} {r} {t}" for h, r, t in parts)
+
+
+def edge_keys(src: np.ndarray, rel: np.ndarray, dst: np.ndarray, num_nodes: int, num_relations: int) -> np.ndarray:
+    """One int64 per (src, relation, dst), equal across versions that share ``num_nodes`` and
+    ``num_relations`` (the larger version's counts)."""
+    if num_nodes * num_nodes * max(num_relations, 1) >= 2**62:
+        raise DataError(f"{num_nodes:,} nodes and {num_relations:,} relations: edge keys would overflow int64")
+    return (src.astype(np.int64) * max(num_relations, 1) + rel.astype(np.int64)) * num_nodes + dst.astype(np.int64)
 
 
 def _repeated(values: np.ndarray) -> np.ndarray:
@@ -269,14 +278,13 @@ def _change_edges(
         relations = pa.concat_tables([relations.cast(fresh.schema), fresh])
         rel = lookup(rels, relations.column("name").combine_chunks())
 
-        # One code per distinct (src, relation, dst) over the parent's edges and the change's rows.
-        _, code = np.unique(
-            np.stack([np.concatenate([p_src, src]), np.concatenate([p_rel, rel]), np.concatenate([p_dst, dst])], axis=1),
-            axis=0,
-            return_inverse=True,
-        )
-        p_code, c_code = code.reshape(-1)[: len(p_src)], code.reshape(-1)[len(p_src) :]
-        present = np.isin(c_code, p_code)
+        # One key per (src, relation, dst), the parent's edges and the change's rows alike; a row naming
+        # an unknown node or relation (only a removal can) gets a negative key of its own, an edge of none.
+        width_n, width_r = nodes.count + len(nodes.new_keys), relations.num_rows
+        p_code = edge_keys(p_src, p_rel, p_dst, width_n, width_r)
+        unknown = (src < 0) | (rel < 0) | (dst < 0)
+        c_code = np.where(unknown, -1 - np.arange(len(src)), edge_keys(src, rel, dst, width_n, width_r))
+        present = isin_sorted(c_code, p_code)
         for rows, problem, fix in (
             (~add & ~present, f"triples to remove are not edges of {parent.path}", "check their names or drop those rows"),
             (_repeated(c_code), "triples are listed twice", "list each change once"),
@@ -288,7 +296,7 @@ def _change_edges(
                     f"{path}: {rows.size} {problem}, first lines {first_examples(line[rows])} "
                     f"({_triples_at(heads, rels, tails, rows)}); {fix}"
                 )
-        explicit = np.isin(p_code, c_code[~add])
+        explicit = isin_sorted(p_code, c_code[~add])
         src, dst, rel = src[add], dst[add], rel[add]
         entry, offset = source_location(path, first_line)
         c_file, c_row = np.full(len(src), len(sources)), np.flatnonzero(add) + offset

@@ -47,9 +47,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, to_dict
-from seeder.data.ragged import positions_within, ranges, segment_ids
+from seeder.data.ragged import isin_sorted, positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
 from seeder.data.subgraphs import SubgraphSet
+from seeder.data.update import edge_keys
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
@@ -106,13 +107,6 @@ def _same_strings(new: pa.Array, old: pa.Array, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _edge_keys(src: np.ndarray, rel: np.ndarray, dst: np.ndarray, num_nodes: int, num_relations: int) -> np.ndarray:
-    """One int64 per (src, relation, dst); wider graphs get one code per distinct row instead."""
-    if num_nodes * num_nodes * max(num_relations, 1) < 2**62:
-        return (src.astype(np.int64) * max(num_relations, 1) + rel.astype(np.int64)) * num_nodes + dst.astype(np.int64)
-    raise DataError(f"{num_nodes:,} nodes and {num_relations:,} relations: edge keys would overflow int64")
-
-
 def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, old_rows: np.ndarray) -> np.ndarray:
     """Per pair (rows[i] of new, old_rows[i] of old): the same answer list, in order."""
     n_len = np.diff(new_ptr)[rows]
@@ -167,13 +161,13 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
 
     width_n, width_r = n, max(r, r_parent)
     new_e, old_e = kg.table("edges"), parent.table("edges")
-    new_keys = _edge_keys(
+    new_keys = edge_keys(
         new_e.column("src").to_numpy(), new_e.column("relation").to_numpy(), new_e.column("dst").to_numpy(), width_n, width_r
     )
     old_src, old_dst = old_e.column("src").to_numpy(), old_e.column("dst").to_numpy()
-    old_keys = _edge_keys(old_src, old_e.column("relation").to_numpy(), old_dst, width_n, width_r)
-    added = ~np.isin(new_keys, old_keys)
-    removed = ~np.isin(old_keys, new_keys)
+    old_keys = edge_keys(old_src, old_e.column("relation").to_numpy(), old_dst, width_n, width_r)
+    added = ~isin_sorted(new_keys, old_keys)
+    removed = ~isin_sorted(old_keys, new_keys)
     touched = np.zeros(n, dtype=bool)
     touched[new_e.column("src").to_numpy()[added]] = True
     touched[new_e.column("dst").to_numpy()[added]] = True
