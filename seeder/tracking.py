@@ -20,6 +20,7 @@ A sweep trial whose best epoch improves logs one more, and the newest is the run
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -281,11 +282,9 @@ def log_model(run_id: str, model_dir: str | Path, uri: str | None = None) -> str
 
 def _requirement() -> str:
     """This package as the model's pip requirement (MLflow would otherwise load the model to guess)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return f"seeder=={version('seeder')}"
-    except PackageNotFoundError:
+        return f"seeder=={importlib.metadata.version('seeder')}"
+    except importlib.metadata.PackageNotFoundError:
         return "seeder"
 
 

@@ -20,6 +20,9 @@ import math
 import sys
 from typing import Any
 
+from seeder.preprocessing.artifacts import open_artifacts
+from seeder.system.io import DataError
+
 RETRAIN_DROP = 0.02
 """Hit@1 lost on the updated version, against the trained version, above which to retrain."""
 
@@ -118,9 +121,6 @@ def evaluate_against_trained_version(
     artifacts (None: where the model records them, compared only when ``artifacts`` are a newer version
     of its graph; ``"none"``: no comparison). ``evaluate(opened_artifacts)`` evaluates the model on
     other artifacts with this run's split and settings."""
-    from seeder.preprocessing.artifacts import open_artifacts
-    from seeder.system.io import DataError
-
     if "seeder" not in report["methods"] or (baseline or "").lower() == "none":
         return None
     if baseline is None:

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from seeder.config import SeederConfig, to_dict
+from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import isin_sorted, positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
 from seeder.data.subgraphs import SubgraphSet
@@ -54,6 +54,7 @@ from seeder.data.update import edge_keys
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
+from seeder.retrieve.paths import sampled_slices
 from seeder.retrieve.seeds import EntityLinker, given_seeds, normalise_texts, resolve_search, seed_queries
 from seeder.system.io import DataError, fingerprint_json, read_manifest
 from seeder.system.threads import intra_op_threads
@@ -672,8 +673,6 @@ def _neighbours(kg: KnowledgeGraph, mask: np.ndarray) -> np.ndarray:
 def _sampled_edges(kg: KnowledgeGraph, cap: int) -> tuple[np.ndarray, np.ndarray]:
     """(source, target) of every edge a capped search reads: of a node with more than ``cap``
     neighbours, only the fixed-stride sample that expansion and the path search take (``sampled_slices``)."""
-    from seeder.retrieve.paths import sampled_slices
-
     pos, owner = sampled_slices(np.asarray(kg.indptr), np.arange(kg.num_nodes, dtype=np.int64), cap)
     return owner, np.asarray(kg.neighbors)[pos]
 
@@ -839,7 +838,6 @@ def update_config(parent: Artifacts, path: str | None, overrides: list[str]) -> 
     """The config of an update: the parent's resolved config (derived choices included) with the dotted
     ``overrides``, or the YAML file at ``path`` with them; refused where a stage would differ from the
     parent's (``check_same_config``)."""
-    from seeder.config import from_dict, load_config, parse_overrides
 
     if path is not None:
         config = load_config(path, overrides)
