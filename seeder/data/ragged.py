@@ -44,18 +44,3 @@ def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     slices of another flat array (a CSR row per node, a list per query)."""
     starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
     return np.repeat(starts, lengths) + positions_within(lengths)
-
-
-def isin_sorted(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    """``np.isin(values, pool)`` for integer keys, by sorting both and one binary search of the sorted
-    values: np.isin hashes both arrays, several times slower on the tens of millions of edge keys
-    of a graph update, and unsorted searches miss the cache."""
-    found = np.zeros(len(values), dtype=bool)
-    if len(values) == 0 or len(pool) == 0:
-        return found
-    pool = np.sort(pool)
-    order = np.argsort(values)
-    ordered = values[order]
-    pos = np.minimum(np.searchsorted(pool, ordered), len(pool) - 1)
-    found[order] = pool[pos] == ordered
-    return found

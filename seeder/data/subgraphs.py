@@ -50,6 +50,16 @@ def sorted_lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray
     return sorted_keys[pos] == keys, pos
 
 
+def isin_sorted(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """``np.isin(values, pool)`` for integer keys: ``sorted_lookup`` of the sorted values in the sorted
+    pool. np.isin hashes both arrays, several times slower on the tens of millions of edge keys of a
+    graph update, and unsorted searches miss the cache."""
+    found = np.zeros(len(values), dtype=bool)
+    order = np.argsort(values)
+    found[order] = sorted_lookup(np.sort(pool), values[order])[0]
+    return found
+
+
 def _gather_segments(ptr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat positions of segments ``index`` (in that order) and the new offsets."""
     lengths = np.diff(ptr)[index]

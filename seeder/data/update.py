@@ -43,8 +43,8 @@ from seeder.data.importers.triples import (
     resolve_queries,
     source_location,
 )
-from seeder.data.ragged import isin_sorted
 from seeder.data.store import REMOVED_TYPE, KnowledgeGraph, open_dataset, write_dataset
+from seeder.data.subgraphs import isin_sorted
 from seeder.system.io import DataError, fingerprint_file, writes_output
 
 OPS = ("add", "remove")

@@ -47,9 +47,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
-from seeder.data.ragged import isin_sorted, positions_within, ranges, segment_ids
+from seeder.data.ragged import positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
-from seeder.data.subgraphs import SubgraphSet
+from seeder.data.subgraphs import SubgraphSet, isin_sorted
 from seeder.data.update import edge_keys
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
@@ -462,25 +462,26 @@ def _padded(lists: list[np.ndarray], width: int) -> np.ndarray:
     return out
 
 
-def names_to_relink(kg: KnowledgeGraph, parent_kg: KnowledgeGraph, diff: VersionDiff, linker: EntityLinker) -> set[str]:
+def names_to_relink(
+    kg: KnowledgeGraph, parent_kg: KnowledgeGraph, diff: VersionDiff, linker: EntityLinker, texts: pa.Array
+) -> set[str]:
     """Normalised names whose entity links can differ between the parent's linker and ``linker`` (the new
     version's): the old and new names of renamed, new or removed nodes (which nodes a name links to
     changes), and the names that new, edited or removed questions mention (their query counts, the
-    linker's IDF, change). A question that mentions none of them links exactly as in the parent."""
+    linker's IDF, change). A question that mentions none of them links exactly as in the parent.
+    ``texts``: the new version's question texts, by id."""
     ids = np.flatnonzero(diff.renamed)
     old_ids = ids[ids < parent_kg.num_nodes]
     names = set(normalise_texts(kg.node_names.take(pa.array(ids))).to_pylist())
     names |= set(normalise_texts(parent_kg.node_names.take(pa.array(old_ids))).to_pylist())
     kept_parent_rows = np.zeros(len(diff.parent_query_ids), dtype=bool)
     kept_parent_rows[diff.query_source[diff.query_source >= 0]] = True
-    new_texts = (
-        kg.table("queries", ["id", "text"]).sort_by("id").column("text").take(pa.array(np.flatnonzero(diff.query_source < 0)))
-    )
+    new_texts = texts.take(pa.array(np.flatnonzero(diff.query_source < 0)))
     gone_texts = (
         parent_kg.table("queries", ["id", "text"]).sort_by("id").column("text").take(pa.array(np.flatnonzero(~kept_parent_rows)))
     )
     # A name only the parent knew is a renamed or removed node's, already in ``names``.
-    names |= linker.mentioned_names(pa.concat_arrays([new_texts.combine_chunks(), gone_texts.combine_chunks()]))
+    names |= linker.mentioned_names(pa.concat_arrays([new_texts, gone_texts.combine_chunks()]))
     names.discard("")
     return names
 
@@ -540,7 +541,7 @@ def seeds_to_recompute(
     dense_part = np.full(len(fresh), cfg.strategy != "entity")
     if linker is not None:
         texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").combine_chunks()
-        names = names_to_relink(kg, parent_kg, diff, linker)
+        names = names_to_relink(kg, parent_kg, diff, linker, texts)
         if names:
             relinked = mention_any(normalise_texts(texts), names) & ~fresh
         # A question with k0 links takes no dense seed. The new linker's links are the parent's for

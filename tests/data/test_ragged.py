@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from seeder.data.ragged import isin_sorted, offsets_of, positions_within, ranges, run_positions, segment_ids
+from seeder.data.ragged import offsets_of, positions_within, ranges, run_positions, segment_ids
 
 
 def test_offsets_and_segment_ids_round_trip_with_empty_lists():
@@ -23,12 +23,3 @@ def test_positions_ranges_and_runs_equal_their_per_list_loops():
     expected = [int((keys[:i] == k).sum()) for i, k in enumerate(keys)]
     assert run_positions(keys).tolist() == expected
     assert run_positions(np.zeros(0, np.int64)).tolist() == [] and ranges([], []).tolist() == []
-
-
-def test_isin_sorted_agrees_with_numpy_on_repeats_negatives_and_empty_arrays():
-    rng = np.random.default_rng(3)
-    for size, pool_size, high in ((1000, 300, 500), (5, 0, 10), (0, 7, 10), (2000, 2000, 10**15)):
-        values, pool = rng.integers(-high, high, size), rng.integers(-high, high, pool_size)
-        hits = min(10, pool_size, size)
-        pool[:hits] = values[:hits]  # some certain hits
-        assert np.array_equal(isin_sorted(values, pool), np.isin(values, pool)), (size, pool_size)

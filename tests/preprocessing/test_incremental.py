@@ -353,7 +353,7 @@ def test_every_question_whose_entity_links_change_is_seeded_again_and_few_others
     diff = inc.diff_versions(parent_kg, kg)
     linker = EntityLinker(kg, seed_config)
     texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").combine_chunks()
-    screened = inc.mention_any(normalise_texts(texts), inc.names_to_relink(kg, parent_kg, diff, linker))
+    screened = inc.mention_any(normalise_texts(texts), inc.names_to_relink(kg, parent_kg, diff, linker, texts))
     kept = np.flatnonzero(diff.query_source >= 0)
     kept_texts = texts.take(pa.array(kept)).to_pylist()
     new, old = linker.link(kept_texts), EntityLinker(parent_kg, seed_config).link(kept_texts)
