@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -31,11 +35,33 @@ def run(args, **kwargs):
     return subprocess.run(args, capture_output=True, text=True, check=False, **kwargs)
 
 
+def once_per_run(tmp_path_factory, name: str, build: Callable[[Path], str]) -> tuple[Path, str]:
+    """``build(folder)`` once per test run, not once per pytest-xdist worker: under ``make test`` the first
+    worker to ask builds it in the run's shared temp folder while the others wait on a lock, and each gets
+    the folder and what ``build`` returned. What it builds is then read, never written, by the tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        folder = tmp_path_factory.mktemp(name)
+        return folder, build(folder)
+    shared = tmp_path_factory.getbasetemp().parent
+    folder, done = shared / name, shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, and by the kernel if this worker dies
+        if not done.exists():  # written last: a worker that failed half-way leaves no result behind
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(json.dumps(build(folder)))
+        return folder, json.loads(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """(root, MLflow run id): ``seeder synth`` -> pipelines/preprocess.py (hash encoder, entity linking,
-    the learned filter with a prior that reads the questions' wording) -> ``python -m seeder.training.loop`` for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``."""
-    root = tmp_path_factory.mktemp("trained")
+    the learned filter with a prior that reads the questions' wording) -> ``python -m seeder.training.loop``
+    for 4 epochs, logged to ``root/mlflow.db``; the model is ``root/run/model``. Built once per test run."""
+    return once_per_run(tmp_path_factory, "trained", _train_the_shared_model)
+
+
+def _train_the_shared_model(root: Path) -> str:
     seeder = str(Path(sys.executable).parent / "seeder")
     env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
     done = run(
@@ -106,7 +132,7 @@ def trained(tmp_path_factory):
         cwd=root,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return root, done.stdout.split("MLflow run ")[1].split(":")[0]
+    return done.stdout.split("MLflow run ")[1].split(":")[0]
 
 
 E2E_FOLDERS = ("pipelines", "tune", "cluster")

@@ -126,17 +126,35 @@ def run_train(args: list[str], tmp_path: Path, extra_env: dict[str, str] | None 
 def two_workers(
     artifacts, tmp_path_factory
 ) -> tuple[Path, subprocess.CompletedProcess, Watch, subprocess.CompletedProcess, bool]:
-    """A two-worker run of TINY stopped after its first epoch, then resumed with ``--resume``, in the
-    folder returned (with its MLflow store): (folder, the resumed run, its listening sockets watched
-    while it ran, the stopped run, whether the stopped run left a model directory). The tests read the resumed run as a finished one: resuming must
-    leave the same model directory, history and one MLflow run as an uninterrupted run would."""
+    """A two-worker run of TINY stopped after its first epoch, then resumed with ``--resume`` while another
+    Ray runs on the machine, in the folder returned (with its MLflow store): (folder, the resumed run, its
+    listening sockets watched while it ran, the stopped run, whether the stopped run left a model
+    directory). The tests read the resumed run as a finished one: resuming must leave the same model
+    directory, history and one MLflow run as an uninterrupted run would. (The Ray-free loop and a
+    one-worker Ray Train run agree: tests/test_faults.py, on its reference run.)"""
+    from tests.pipelines.test_ray_runtime import DRIVER, driver_env, wait_ready
+    from tests.processes import stop_gracefully
+
     tmp_path = tmp_path_factory.mktemp("two-workers")
     args = ["--artifacts", str(artifacts), "--num-workers", "2", "--out", str(tmp_path / "run"), "--max-failures", "0", *TINY]
-    stopped = run_train(args, tmp_path, extra_env={"SEEDER_TRAIN_EXIT_AFTER_EPOCH": "1"})
-    left_a_model = (tmp_path / "run" / "model").exists()
-    proc, watch = watch_command(
-        [sys.executable, str(SCRIPT), *args, "--resume"], timeout=400, env=train_env(tmp_path), cwd=tmp_path
+    # The other Ray's driver starts beside the stopped run, and is up before the resumed one starts.
+    other = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, "hold"],
+        cwd=REPO,
+        env=driver_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
+    try:
+        stopped = run_train(args, tmp_path, extra_env={"SEEDER_TRAIN_EXIT_AFTER_EPOCH": "1"})
+        left_a_model = (tmp_path / "run" / "model").exists()
+        wait_ready(other)
+        proc, watch = watch_command(
+            [sys.executable, str(SCRIPT), *args, "--resume"], timeout=400, env=train_env(tmp_path), cwd=tmp_path
+        )
+    finally:
+        stop_gracefully(other)
     return tmp_path, proc, watch, stopped, left_a_model
 
 
@@ -341,90 +359,12 @@ def test_relative_init_from_reaches_workers_as_an_absolute_path(pipeline, artifa
     assert not ray_started() and not (tmp_path / "run").exists()
 
 
-@pytest.fixture(scope="module")
-def one_worker_beside_another_ray(artifacts, tmp_path_factory):
-    """A Ray-free run and a one-worker Ray Train run of TINY, the Ray run while another Ray runs on the
-    machine (its driver starts beside the Ray-free run). Returns the folder and the two processes."""
-    from tests.pipelines.test_ray_runtime import DRIVER, driver_env, wait_ready
-    from tests.processes import stop_gracefully
-
-    tmp_path = tmp_path_factory.mktemp("one-worker")
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", MLFLOW_DISABLE_TELEMETRY="true")
-    other = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, "hold"],
-        cwd=REPO,
-        env=driver_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        plain = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "seeder.training.loop",
-                "--artifacts",
-                str(artifacts),
-                "--out",
-                str(tmp_path / "plain"),
-                *TINY,
-                "train.num_threads=1",
-            ],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        wait_ready(other)
-        ray = run_train(
-            [
-                "--artifacts",
-                str(artifacts),
-                "--num-workers",
-                "1",
-                "--cpus-per-worker",
-                "1",
-                "--out",
-                str(tmp_path / "ray"),
-                *TINY,
-            ],
-            tmp_path,
-        )
-    finally:
-        stop_gracefully(other)
-    return tmp_path, plain, ray
-
-
 @pytest.mark.slow
-def test_ray_free_and_one_worker_ray_train_runs_agree(one_worker_beside_another_ray):
-    """The same loop behind both drivers: same metric names, same validation metrics epoch by epoch
-    (one worker trains on exactly the Ray-free run's queries, with the same random streams)."""
-    tmp_path, plain, ray = one_worker_beside_another_ray
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    assert ray.returncode == 0, ray.stdout[-3000:] + ray.stderr[-5000:]
-    a = json.loads((tmp_path / "plain" / "history.json").read_text())
-    b = json.loads((tmp_path / "ray" / "history.json").read_text())
-    assert set(a[0]) == set(b[0])
-    timing = ("epoch_seconds", "val_seconds", "trajectories_per_second")
-    for row_a, row_b in zip(a, b, strict=True):
-        for key in row_a:
-            if key not in timing:
-                assert row_a[key] == pytest.approx(row_b[key], abs=1e-6), key
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert len(runs) == 2
-    assert set(runs[0].data.metrics) == set(runs[1].data.metrics)
-
-
-@pytest.mark.slow
-def test_another_ray_on_the_machine_leaves_the_terminal_clean(one_worker_beside_another_ray):
+def test_another_ray_on_the_machine_leaves_the_terminal_clean(two_workers):
     """Ray Train's placement-group cleaner asks Ray's State API for "the" local cluster; with a second Ray
-    running it printed a ConnectionError traceback every few seconds (issue 15)."""
-    _, _, proc = one_worker_beside_another_ray
+    running (the resumed run has one beside it) it printed a ConnectionError traceback every few seconds
+    (issue 15)."""
+    _, proc, _, _, _ = two_workers
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "epoch 3/3  loss" in proc.stdout
     terminal = proc.stdout + proc.stderr
