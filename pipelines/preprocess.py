@@ -206,7 +206,7 @@ def run_update_embed(need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: S
     by_node: Counter = Counter()
     if table.num_rows:
         # A few batches: the driver encodes them, since starting an actor pool costs more than they do.
-        ray = need_ray() if table.num_rows > LOCAL_EMBED_BATCHES * args.udf_batch else None
+        ray = need_ray() if need_ray and table.num_rows > LOCAL_EMBED_BATCHES * args.udf_batch else None
         batch_rows = max(config.embed.batch_size, args.udf_batch)
         with Progress(table.num_rows, "embed", "texts") as bar:
             for batch in encoded_batches(ray, table, config.embed, batch_rows, driver_threads(args)):
@@ -381,7 +381,7 @@ def run_update_seeds(
     need_ray, stage: pp.StageDir, kg: KnowledgeGraph, config: SeederConfig, args, out: Path, inputs: str, update: Update
 ) -> dict:
     """The seeds stage of an update: the questions the change can reach are seeded again, their dense
-    search over Ray tasks when there are any (``incremental.update_seeds``)."""
+    search over Ray tasks when there are any (``incremental.update_seeds``), or here with ``need_ray`` None."""
     by_node: dict[str, list[int]] = {}
 
     def dense_blocks(features, search, index):
@@ -395,7 +395,7 @@ def run_update_seeds(
         update.parent.path / "seeds" / "seeds.parquet",
         update.diff,
         config,
-        dense_blocks=dense_blocks,
+        dense_blocks=dense_blocks if need_ray else None,
     )
     return {**info, "blocks_by_node": {node: sorted(b) for node, b in sorted(by_node.items())}}
 
@@ -405,7 +405,7 @@ def update_query_stage(
 ) -> dict:
     """A stage of query shards in an update: ``ids`` computed as a full run computes them (one Ray task
     per block), then ``keep(directory)`` writes the parent's rows of every other question."""
-    info = run_query_blocks(need_ray() if len(ids) else None, stage, task, ids, dataset, inputs, config, args)
+    info = run_query_blocks(need_ray() if need_ray and len(ids) else None, stage, task, ids, dataset, inputs, config, args)
     kept = keep(stage.partial)
     return {**info, "recomputed": int(len(ids)), "kept": int(kept)}
 
@@ -595,10 +595,6 @@ def run_stages(
         return ray
 
     texts = sum(counts.values())
-    if update is not None:
-        run_update(update, stage_run, need_ray, args, config, kg, dataset, out, inputs, counts)
-        finish(args, kg, dataset, out, target, timer, counts, config, total_start, ray, update, manifest)
-        return
     in_process = cluster_address(args.ray_address) is None and texts < args.in_process_below
     if in_process:
         print(
@@ -606,6 +602,10 @@ def run_stages(
             "every stage runs in this process, without Ray",
             flush=True,
         )
+    if update is not None:
+        run_update(update, stage_run, None if in_process else need_ray, args, config, kg, dataset, out, inputs, counts)
+        finish(args, kg, dataset, out, target, timer, counts, config, total_start, ray, update, manifest)
+        return
 
     def cluster():
         """Ray for a stage's work, or None when the graph is small enough for this process."""
@@ -687,7 +687,8 @@ def run_update(
     inputs: str,
     counts: dict,
 ) -> None:
-    """The stages of an update, each committed as a full run commits it (``stage_run``)."""
+    """The stages of an update, each committed as a full run commits it (``stage_run``). ``need_ray()``
+    starts Ray for a stage that has work for it; None runs every stage in this process."""
     diff = update.diff
     parent = update.parent.path
     texts = sum(counts.values())

@@ -1,4 +1,4 @@
-"""``pipelines/preprocess.py --update`` end to end (Ray, the hash encoder, no PCA): the update of a tiny
+"""``pipelines/preprocess.py --update`` end to end (on Ray and in the driver, the hash encoder, no PCA): the update of a tiny
 graph equals a full run on the new version, also when killed in its subgraphs stage and run again;
 it records its parent and what it recomputed, and refuses artifacts that are not the parent's."""
 
@@ -49,12 +49,16 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_an_update_killed_and_resumed_equals_a_full_run(runs):
-    killed = preprocess(runs["child"], runs["a2"], "--update", str(runs["a1"]), env=_env(**{TEST_STOP_ENV: "subgraphs:1"}))
+    """Killed on Ray (``--in-process-below 0``) in its subgraphs stage, then resumed in this process (a
+    tiny graph's default): both ways of running an update's stages, and the result equals a full run."""
+    on_ray = ["--in-process-below", "0", "--update", str(runs["a1"])]
+    killed = preprocess(runs["child"], runs["a2"], *on_ray, env=_env(**{TEST_STOP_ENV: "subgraphs:1"}))
     assert killed.returncode != 0 and (runs["a2"] / "seeds" / "manifest.json").exists()
+    assert "every stage runs in this process" not in killed.stdout
     assert not (runs["a2"] / "subgraphs").exists()
     result = preprocess(runs["child"], runs["a2"], "--update", str(runs["a1"]))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "subgraphs: resuming" in result.stdout
+    assert "subgraphs: resuming" in result.stdout and "every stage runs in this process" in result.stdout
     assert_same_artifacts(runs["a2"], runs["full"])
     summary = json.loads((runs["a2"] / "summary.json").read_text())
     manifest = json.loads((runs["a2"] / "manifest.json").read_text())
