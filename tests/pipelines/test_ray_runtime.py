@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.ray_runtime import CORE_PROCESSES
 from tests.conftest import ENV, free_port
 from tests.processes import stop_gracefully
 from tests.sockets import (
@@ -162,6 +163,7 @@ def test_the_next_embedded_ray_stops_what_a_killed_driver_left_spares_a_live_ses
     killed = subprocess.Popen(
         [sys.executable, "-c", DRIVER, "hold"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
+    killed_tree: dict[int, str | None] = {}
     try:
         wait_ready(live)
         wait_ready(killed)
@@ -174,15 +176,23 @@ def test_the_next_embedded_ray_stops_what_a_killed_driver_left_spares_a_live_ses
         assert len(killed_tree) >= 4  # GCS, raylet, agents, workers
         killed.send_signal(signal.SIGKILL)
         killed.wait()
-        time.sleep(2)  # the GCS and raylet die with their driver; its agents would linger for a minute or more
+        # Its agents and workers often linger for a minute or more, but not always: some exit on their
+        # own within seconds. Frozen, they surely are still there when the next run starts.
+        core = {pid for pid in killed_tree if os.path.basename(command(pid).split(" ", 1)[0]) in CORE_PROCESSES}
+        for pid in running(killed_tree) - core:
+            os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 60  # the GCS and raylet die with their driver
+        while running({pid: killed_tree[pid] for pid in core}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running(killed_tree) - core, "nothing of the killed driver's Ray was left to find"
 
         done, watch = watch_command([sys.executable, "-c", DRIVER], timeout=400, env=env, cwd=REPO)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "node 127.0.0.1" in done.stdout
         assert_ray_listened_on_loopback_only(watch, "an embedded Ray")
         assert not running(killed_tree), f"left running: {sorted(running(killed_tree))}\n{done.stderr[-2000:]}"
-        # The agents were still there when the next run started (they linger for a minute or more), and
-        # it stopped them: nothing of the live session among them.
+        # The agents were still there when the next run started, and it stopped them: nothing of the live
+        # session among them.
         notice = next(line for line in done.stderr.splitlines() if "left by an earlier run that was killed" in line)
         stopped = {int(pid) for pid in notice.split("(pids ")[1].rstrip(")").split(", ")}
         assert stopped <= set(killed_tree) and not stopped & set(live_tree), notice
@@ -190,6 +200,8 @@ def test_the_next_embedded_ray_stops_what_a_killed_driver_left_spares_a_live_ses
         assert len(live_core) >= 2 and not gone, f"a live session's processes were stopped: {gone}"
         assert live.poll() is None
     finally:
+        for pid in running(killed_tree):  # frozen leftovers the next run did not stop
+            os.kill(pid, signal.SIGKILL)
         for proc in (live, killed):
             stop_gracefully(proc)
 
