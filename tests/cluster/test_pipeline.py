@@ -118,6 +118,7 @@ def cluster(one_node_artifacts, request, tmp_path_factory):
     if reason:
         pytest.skip(f"multi-node Ray cluster: {reason}")
     failed_before = request.session.testsfailed
+    # Worker nodes must not see pytest's temp dirs either: every tmp_path lives below this one.
     with harness.start_cluster(workers=("a", "b"), hidden=[tmp_path_factory.getbasetemp()]) as started:
         yield started
         if request.session.testsfailed > failed_before:
@@ -348,7 +349,8 @@ def test_a_worker_node_lost_during_preprocessing_costs_time_not_the_result(
 
 @pytest.fixture(scope="module")
 def cluster_artifacts(cluster, s3, dataset_uri) -> str:
-    """Artifacts on S3 written by the cluster (the first test writes the same, when it runs first)."""
+    """Artifacts on S3 written by the cluster (``test_preprocessing_spreads_over_both_nodes_and_equals_one_node``
+    writes the same, when it runs before)."""
     out_uri = s3.uri("seeder/tiny/artifacts")
     from seeder.system import storage
 
