@@ -9,11 +9,13 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -120,6 +122,11 @@ def artifacts(tmp_path_factory):
     return out
 
 
+class Server(NamedTuple):
+    url: str
+    store: Path  # its sqlite file, which the tests read while a sweep writes to it
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on a free loopback port (sqlite store, served artifacts)."""
@@ -158,7 +165,7 @@ def mlflow_server(tmp_path_factory):
                 time.sleep(1)
         else:
             pytest.fail(f"mlflow server did not answer /health in 2 minutes: {(root / 'server.log').read_text()[-2000:]}")
-        yield url
+        yield Server(url, root / "mlflow.db")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its job-runner workers: our own session
         try:
@@ -172,32 +179,96 @@ def sweep(args: list[str], cwd: Path, env: dict, timeout: int = 400) -> subproce
     return subprocess.run([sys.executable, str(SWEEP), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def child_runs(store: Path, status: str | None = None, attempts: int = 1) -> dict[str, str]:
+    """The sweep's trial runs in the server's store, name -> status (only ``status`` ones if given)."""
+    for _ in range(attempts):
+        if store.is_file():
+            try:
+                with sqlite3.connect(store, timeout=30) as con:
+                    runs = dict(con.execute("select name, status from runs where name like 't0%'").fetchall())
+                return {n: s for n, s in runs.items() if status in (None, s)}
+            except sqlite3.OperationalError:  # not created yet, or locked by a writer
+                pass
+        time.sleep(1)
+    return {}
+
+
+class Interrupted(NamedTuple):
+    first_log: str
+    before: dict[str, str]  # trial run -> MLflow status just after Ctrl-C
+    stamps: dict[str, int]  # finished trial -> its result.json's mtime then
+
+
 @pytest.fixture(scope="module")
 def server_sweep(artifacts, mlflow_server, tmp_path_factory):
-    """4 trials, 2 at a time, against the real server; some trials fail by construction."""
+    """The suite's one sweep, against the real server: 4 trials, one at a time, some failing by
+    construction. Ctrl-C after two trials ended; a ``--resume`` killed with -9 inside a trial, nothing
+    saved on the way out; a second ``--resume`` completes it. Returns (url, that last run, its sockets
+    watched while it ran, what the interrupt left)."""
     root = tmp_path_factory.mktemp("sweep-server")
     (root / "space.yaml").write_text(SPACE)
-    env = dict(ENV, MLFLOW_TRACKING_URI=mlflow_server)
+    env = dict(ENV, MLFLOW_TRACKING_URI=mlflow_server.url)
     args = [
         "--artifacts",
         str(artifacts),
         "--num-samples",
         "4",
         "--max-concurrent",
-        "2",
+        "1",
         "--space",
         str(root / "space.yaml"),
         "--name",
         "srv",
         "--storage",
         str(root / "ray"),
+        # Seed 7 draws expansion sizes [30, 3] first, then good ones: a failed and a finished trial before
+        # Ctrl-C, which lands in a trial that trains, and a last trial that trains too, for the kill.
         "--seed",
-        "3",
+        "7",
+        "--grace-epochs",
+        "2",
         *TRIAL_ARGS,
     ]
-    proc, watch = watch_command([sys.executable, str(SWEEP), *args], timeout=400, cwd=root, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return mlflow_server, proc, watch
+    proc = subprocess.Popen(
+        [sys.executable, str(SWEEP), *args], cwd=root, env=env, stdout=open(root / "first.log", "wb"), stderr=subprocess.STDOUT
+    )
+    # One trial at a time: once the third trial's directory exists, the first two have ended. Ctrl-C lands
+    # 3 s later, inside the third trial or (when it failed at once) the fourth, so the sweep is still running.
+    experiment_dir = root / "ray" / "srv"
+    deadline = time.time() + 300
+    while len(list(experiment_dir.glob("t[0-9]*"))) < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted: " + (root / "first.log").read_text()[-2000:]
+    time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, (root / "first.log").read_text()[-3000:]
+    before = child_runs(mlflow_server.store, attempts=30)
+    stamps = {
+        p.parent.name: p.stat().st_mtime_ns
+        for p in experiment_dir.glob("t*/result.json")
+        if before.get(p.parent.name) == "FINISHED"
+    }
+    interrupted = Interrupted((root / "first.log").read_text(), before, stamps)
+
+    # kill -9 the whole resumed sweep (its driver and embedded Ray) at a random point of a trial it runs.
+    killed = subprocess.Popen(
+        [sys.executable, str(SWEEP), *args, "--resume"],
+        cwd=root,
+        env=env,
+        stdout=open(root / "killed.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    # Inside a trial: the resumed sweep has reopened a trial's MLflow run (Ctrl-C left none RUNNING).
+    deadline = time.time() + 300
+    while not child_runs(mlflow_server.store, "RUNNING") and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(random.Random(0).uniform(0.2, 1.5))
+    assert killed.poll() is None, "the resumed sweep ended before the kill: " + (root / "killed.log").read_text()[-2000:]
+    bench_kill.kill_group(killed)
+    last, watch = watch_command([sys.executable, str(SWEEP), *args, "--resume"], timeout=400, cwd=root, env=env)
+    assert last.returncode == 0, last.stdout[-3000:] + last.stderr[-5000:]
+    return mlflow_server.url, last, watch, interrupted
 
 
 @needs_ss
@@ -213,7 +284,7 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
 
     from seeder import tracking
 
-    url, proc, _ = server_sweep
+    url, proc, _, _ = server_sweep
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name("seeder-sweeps")
     parents = client.search_runs([experiment.experiment_id], "tags.`seeder.kind` = 'sweep'")
@@ -229,7 +300,7 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
     assert {c.info.run_id for c in failed} == {
         c.info.run_id for c in children if c.data.params["train.expansion_sizes"] == "[30, 3]"
     }
-    assert failed and ok, "seed 3 should draw both expansion-size choices; pick another --seed if Optuna changed"
+    assert failed and ok, "seed 7 should draw both expansion-size choices; pick another --seed if Optuna changed"
     assert all("frontier_caps" in c.data.tags["seeder.error"] for c in failed)
     for child in ok:
         history = client.get_metric_history(child.info.run_id, METRIC)
@@ -254,7 +325,7 @@ def test_sweep_logs_parent_child_runs_and_registers_the_champion(server_sweep, a
 def test_champion_reproduces_its_logged_test_metrics(server_sweep, artifacts, tmp_path):
     from mlflow import MlflowClient
 
-    url, _, _ = server_sweep
+    url, _, _, _ = server_sweep
     client = MlflowClient(url)
     parent = client.search_runs([client.get_experiment_by_name("seeder-sweeps").experiment_id], "tags.`seeder.kind` = 'sweep'")[0]
     out = tmp_path / "test.json"
@@ -336,7 +407,7 @@ def chromium_dom(url: str, profile: Path) -> str:
 def test_mlflow_ui_lists_the_sweeps_runs(server_sweep, tmp_path):
     from mlflow import MlflowClient
 
-    url, _, _ = server_sweep
+    url, _, _, _ = server_sweep
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name("seeder-sweeps").experiment_id
     parent = client.search_runs([experiment], "tags.`seeder.kind` = 'sweep'")[0]
@@ -351,98 +422,31 @@ def test_mlflow_ui_lists_the_sweeps_runs(server_sweep, tmp_path):
     assert not missing, f"the MLflow UI did not render runs {missing}"
 
 
-def test_an_interrupted_and_then_killed_sweep_resumes_without_rerunning_finished_trials(artifacts, tmp_path):
-    """Ctrl-C after two trials finished; a ``--resume`` killed with -9 inside a trial, nothing saved on the
-    way out; a second ``--resume`` completes the sweep and leaves the first two trials alone."""
-    import sqlite3
-
-    db = tmp_path / "runs" / "mlflow.db"
-    # Four trials, one at a time: Ctrl-C lands 3 s after the third starts, and the fourth can start
-    # only once the third has finished, so the sweep is still running.
-    args = [
-        "--artifacts",
-        str(artifacts),
-        "--num-samples",
-        "4",
-        "--max-concurrent",
-        "1",
-        "--name",
-        "res",
-        "--storage",
-        str(tmp_path / "ray"),
-        "--grace-epochs",
-        "2",
-        *TRIAL_ARGS,
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, str(SWEEP), *args],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=open(tmp_path / "first.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-
-    def trials(status: str = "FINISHED", attempts: int = 1) -> list[str]:
-        for _ in range(attempts):
-            if db.is_file():
-                try:
-                    with sqlite3.connect(db, timeout=30) as con:
-                        return [r[0] for r in con.execute(f"select name from runs where status = '{status}' and name like 't0%'")]
-                except sqlite3.OperationalError:  # not created yet, or locked by a writer
-                    pass
-            time.sleep(1)
-        return []
-
-    # One trial at a time: once the third trial's directory exists, the first two have finished.
-    experiment_dir = tmp_path / "ray" / "res"
-    deadline = time.time() + 300
-    while len(list(experiment_dir.glob("t[0-9]*"))) < 3 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    assert proc.poll() is None, "the sweep ended before it could be interrupted: " + (tmp_path / "first.log").read_text()[-2000:]
-    time.sleep(3)  # let Tune persist its experiment state (TUNE_GLOBAL_CHECKPOINT_S=2)
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130, (tmp_path / "first.log").read_text()[-3000:]
-    done_before = trials(attempts=30)
-    assert 2 <= len(done_before) < 4
-    # A trial that Tune will resume is KILLED in MLflow, not left RUNNING (or FINISHED when Ctrl-C
-    # fell between its last epoch and Tune saving that result).
-    with sqlite3.connect(db, timeout=30) as con:
-        statuses = dict(con.execute("select name, status from runs where name like 't0%'").fetchall())
-    assert set(statuses.values()) <= {"FINISHED", "KILLED"}, statuses
-    assert "interrupted after" in (tmp_path / "first.log").read_text()
-    stamps = {p.parent.name: p.stat().st_mtime_ns for p in experiment_dir.glob("t*/result.json") if p.parent.name in done_before}
-    assert len(stamps) == len(done_before)
-
-    # kill -9 the whole resumed sweep (its driver and embedded Ray) at a random point of a trial it runs.
-    killed = subprocess.Popen(
-        [sys.executable, str(SWEEP), *args, "--resume"],
-        cwd=tmp_path,
-        env=ENV,
-        stdout=open(tmp_path / "killed.log", "wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    # Inside a trial: the resumed sweep has reopened a trial's MLflow run (Ctrl-C left none RUNNING).
-    deadline = time.time() + 300
-    while not trials("RUNNING") and killed.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(random.Random(0).uniform(0.2, 1.5))
-    assert killed.poll() is None, "the resumed sweep ended before the kill: " + (tmp_path / "killed.log").read_text()[-2000:]
-    bench_kill.kill_group(killed)
-    second = sweep([*args, "--resume"], tmp_path, ENV)
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
-    assert "resuming sweep res" in second.stderr and "champion:" in second.stdout
+def test_an_interrupted_and_then_killed_sweep_resumes_without_rerunning_finished_trials(server_sweep, mlflow_server):
+    """Ctrl-C after two trials ended, then a ``--resume`` killed with -9 inside a trial: the second
+    ``--resume`` completes the sweep and leaves the trials that had ended alone."""
+    _, last, _, interrupted = server_sweep
+    ended = {n for n, s in interrupted.before.items() if s in ("FINISHED", "FAILED")}
+    assert 2 <= len(ended) < 4, interrupted.before
+    # A trial that Tune will resume is KILLED in MLflow, not left RUNNING (or FINISHED when Ctrl-C fell
+    # between its last epoch and Tune saving that result).
+    assert set(interrupted.before.values()) <= {"FINISHED", "FAILED", "KILLED"}, interrupted.before
+    assert "interrupted after" in interrupted.first_log
+    assert interrupted.stamps and set(interrupted.stamps) == {n for n in ended if interrupted.before[n] == "FINISHED"}
+    assert "resuming sweep srv" in last.stderr and "champion:" in last.stdout
+    experiment_dir = Path(last.args[last.args.index("--storage") + 1]) / "srv"
     trial_dirs = sorted(p.name for p in experiment_dir.glob("t[0-9]*") if p.is_dir())
     assert len(trial_dirs) == 4, trial_dirs
-    for name, stamp in stamps.items():
+    for name, stamp in interrupted.stamps.items():
         assert (experiment_dir / name / "result.json").stat().st_mtime_ns == stamp, f"finished trial {name} was rerun"
-    with sqlite3.connect(db) as con:
-        runs = con.execute("select name, status from runs where name like 't0%'").fetchall()
+    runs = child_runs(mlflow_server.store)
+    assert sorted(runs) == trial_dirs and set(runs.values()) <= {"FINISHED", "FAILED"}, runs
+    assert {n: s for n, s in runs.items() if n in ended} == {n: interrupted.before[n] for n in ended}
+    with sqlite3.connect(mlflow_server.store) as con:
         steps = con.execute(
             "select r.name, count(*), count(distinct m.step) from metrics m join runs r on r.run_uuid = m.run_uuid "
             f"where m.key = '{METRIC}' group by r.name"
         ).fetchall()
-    assert sorted(n for n, _ in runs) == trial_dirs and all(s == "FINISHED" for _, s in runs)
     assert all(total == distinct for _, total, distinct in steps), f"an epoch was logged twice: {steps}"
 
 
