@@ -485,7 +485,7 @@ def champion(cluster, s3, cluster_artifacts, mlflow_server) -> tuple[str, str]:
             "train.expansion_sizes=[3,3]",
             "train.frontier_caps=[8,8]",
         ],
-        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server},
+        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server.url},
         timeout=600,
     )
     assert job.ok, f"{job.status} {job.message}\n{job.logs[-5000:]}"
@@ -508,7 +508,7 @@ def test_the_service_answers_from_a_replica_on_a_worker_node(cluster, s3, champi
     port = free_port()
     job = cluster.submit_job(
         ["seeder", "serve", "--model", champion[0], "--port", str(port), "--proxy-location", "HeadOnly"],
-        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server},
+        env={**job_env(cluster, s3), "MLFLOW_TRACKING_URI": mlflow_server.url},
         wait=False,
     )
     url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"question": "what is related to node 7", "k": 5})
