@@ -125,6 +125,11 @@ class ReduceConfig(Section):
     """Node embeddings sampled to fit the PCA, which is then applied to all rows."""
     seed: int = 0
     """Random seed of the PCA sample."""
+    bfloat16_from_nodes: int = 4_000_000
+    """From this many nodes up, the features stage also writes a bfloat16 copy of the node features
+    and K-HOP's filter reads it (seeder.features.bfloat16): half the bytes per candidate row, so an
+    expansion worker at ten million nodes maps 5 GB instead of 10. Cosines move by at most about 2^-8,
+    so near-ties may rank differently; seeds and the policy keep float32. 0: never."""
 
 
 @dataclass

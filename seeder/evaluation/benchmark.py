@@ -423,7 +423,7 @@ def budget_curves(
         start = time.perf_counter()
         expanded = expand_queries(
             kg,
-            artifacts.node_features,
+            artifacts.filter_features,
             artifacts.relation_features,
             features,
             seeds[rows],

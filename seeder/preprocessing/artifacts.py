@@ -9,6 +9,7 @@ Layout of an artifacts directory (each stage directory is complete only once its
         queries/*.parquet    id int64, embedding
     features/                PCA-reduced, L2-normalised; row i of node.npy is node i
         node.npy             float32 [N, d]
+        node_bf16.npy        uint16 [N, d], bfloat16 bits of node.npy, on large graphs only (K-HOP's filter)
         relation.npy         float32 [2R, d]
         query.npy            float32 [Q, d], rows ordered as query_ids.npy
         query_ids.npy        int64 [Q], ascending
@@ -45,6 +46,7 @@ import pyarrow.parquet as pq
 from seeder.config import SeederConfig, from_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
+from seeder.features import bfloat16
 from seeder.system.io import DataError, fingerprint_json, read_manifest, verify_outputs
 from seeder.system.storage import fetch
 
@@ -135,6 +137,12 @@ class Artifacts:
     @cached_property
     def node_features(self) -> np.ndarray:
         return np.load(self._require("features") / "node.npy", mmap_mode="r")
+
+    @cached_property
+    def filter_features(self) -> np.ndarray:
+        """The node rows K-HOP's filter reads: ``node.npy``, or its bfloat16 copy on a large graph
+        (``seeder.features.bfloat16``), so that a served question is expanded as preprocessing did."""
+        return bfloat16.filter_features(self._require("features"))
 
     @cached_property
     def relation_features(self) -> np.ndarray:

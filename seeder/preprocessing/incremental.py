@@ -51,6 +51,7 @@ from seeder.data.ragged import positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
 from seeder.data.subgraphs import SubgraphSet, isin_sorted
 from seeder.data.update import edge_keys
+from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
@@ -418,6 +419,16 @@ def write_features(
             nodes[changed] = apply_pca(emb, pca)
     nodes.flush()
     del nodes
+    copy = bfloat16.applies(n, config.reduce.bfloat16_from_nodes)
+    if copy != (parent_features / bfloat16.FILE_NAME).exists():
+        # the filter's rows would change for every subgraph, which the update does not redo
+        raise DataError(
+            f"{parent_features}: the new version has {n:,} nodes, across reduce.bfloat16_from_nodes="
+            f"{config.reduce.bfloat16_from_nodes:,} from its parent, so K-HOP's filter would read other node rows; "
+            f"run a full preprocessing of the new version without --update"
+        )
+    if copy:
+        bfloat16.write_copy(out)
     relations = np.load(embed_dir / "relations.npy")
     queries = pp.read_embeddings(embed_dir / "queries", diff.query_ids)
     with intra_op_threads(1):

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
+from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, pca_sample_rows
 from seeder.preprocessing.artifacts import read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
@@ -122,9 +123,10 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
         seed["baselines"] = to_dict(config.baselines)  # BM25 and fusion parameters shape these seeds
     fps: dict[str, str] = {}
     fps["embed"] = fingerprint_json({"stage": "embed", "v": STAGE_VERSION, "dataset": dataset_fingerprint, "embed": encoder_key})
-    fps["features"] = fingerprint_json(
-        {"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": to_dict(config.reduce)}
-    )
+    reduce = {k: v for k, v in to_dict(config.reduce).items() if k != "bfloat16_from_nodes"}
+    if num_nodes is not None and bfloat16.applies(num_nodes, config.reduce.bfloat16_from_nodes):
+        reduce["bfloat16_copy"] = True  # only then: the features of smaller graphs keep their fingerprint
+    fps["features"] = fingerprint_json({"stage": "features", "v": STAGE_VERSION, "embed": fps["embed"], "reduce": reduce})
     fps["seeds"] = fingerprint_json({"stage": "seeds", "v": SEEDS_VERSION, "features": fps["features"], "seed": seed})
     expand = {k: v for k, v in to_dict(config.expand).items() if k not in ("batch_queries", "resident_features_gb")}
     if config.expand.relation_score == "learned":
@@ -593,6 +595,8 @@ def run_features(
     placer.check_complete()
     nodes.flush()
     del nodes
+    if bfloat16.applies(len(node_ids), config.reduce.bfloat16_from_nodes):
+        bfloat16.write_copy(out)
     with intra_op_threads(1):
         np.save(out / "relation.npy", apply_pca(relations, pca))
         np.save(out / "query.npy", apply_pca(queries, pca))
@@ -889,10 +893,12 @@ def _seed_arrays(seeds_file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _features(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(node, relation, query features, query ids) of a features stage, memory-mapped once per worker
+    """(the filter's node rows (``bfloat16.filter_features``), relation and query features, query ids) of
+    a features stage, memory-mapped once per worker
     process and reused by every block it expands: a block of a large graph reads node rows from all
-    over ``node.npy``, and a fresh mapping per block faulted them all in again (at ten million nodes,
-    nearly half of a block's time). A rewritten stage (a new ``node.npy``) is mapped afresh."""
+    over ``node.npy`` (or its bfloat16 copy), and a fresh mapping per block faulted them all in again
+    (at ten million nodes, nearly half of a block's time). A rewritten stage (a new ``node.npy``) is
+    mapped afresh."""
     stat = os.stat(Path(directory) / "node.npy")
     return _mapped_features(str(directory), stat.st_ino, stat.st_mtime_ns)
 
@@ -901,7 +907,7 @@ def _features(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
 def _mapped_features(directory: str, inode: int, mtime_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     path = Path(directory)
     return (
-        np.load(path / "node.npy", mmap_mode="r"),
+        bfloat16.filter_features(path),
         np.load(path / "relation.npy", mmap_mode="r"),
         np.load(path / "query.npy", mmap_mode="r"),
         np.load(path / "query_ids.npy"),

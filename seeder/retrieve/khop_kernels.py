@@ -19,7 +19,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 _INITIAL_CAPACITY = 4096
 """Candidate slots allocated per call before the first query; grown (doubled) when a hop needs more."""
@@ -119,6 +119,32 @@ def _reset_table(table: np.ndarray, slot_node: np.ndarray, count: int, room: int
     return mask
 
 
+@intrinsic
+def _bfloat16_bits_to_float32(typingctx, bits):
+    """The float32 whose upper 16 bits are ``bits`` (uint16) and whose lower 16 are zero: a bfloat16
+    value widened exactly (``seeder.features.bfloat16``)."""
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return sig, codegen
+
+
+def _widen(value):
+    """A feature element as float32: node rows are float32, or bfloat16 bit patterns (uint16) on large
+    graphs (``seeder.features.bfloat16``). Compiled code only (``_widen_overload``)."""
+    raise NotImplementedError("_widen runs inside compiled kernels only")
+
+
+@overload(_widen, inline="always")
+def _widen_overload(value):
+    if value == types.uint16:
+        return lambda value: _bfloat16_bits_to_float32(value)
+    return lambda value: np.float32(value)
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _dot(row: np.ndarray, query: np.ndarray) -> np.float32:
     """sim(q, u) for L2-normalised features. ``reassoc`` lets the sum run in SIMD lanes (a strict
@@ -126,7 +152,7 @@ def _dot(row: np.ndarray, query: np.ndarray) -> np.float32:
     does not depend on the batch it is computed in."""
     acc = np.float32(0.0)
     for i in range(query.shape[0]):
-        acc += np.float32(row[i]) * query[i]
+        acc += _widen(row[i]) * query[i]
     return acc
 
 
@@ -230,7 +256,8 @@ def expand_hops(
 
     Inputs as in ``seeder.retrieve.khop.expand_batch``: CSR ``indptr``/``neighbors``/``relations``
     (both directions), ``GraphIndex.capped_samples(neighbor_cap)`` (the stride samples of the nodes whose
-    degree exceeds the cap, contiguous), features [N, d] (read in place), float32 query features [Qb, d], int64 seeds
+    degree exceeds the cap, contiguous), features [N, d] (read in place; float32, or bfloat16 bits as
+    uint16), float32 query features [Qb, d], int64 seeds
     [Qb, k0] (-1 padding), ``weights`` float32 (w1, w2, w3). With ``learned`` False the w3 term is
     sim(q, r) of ``relation_features`` [2R, d]; with it True, it is ``path_terms`` [Qb, T] at
     ``trie_children`` [T, 2R] of the source's trie node (``off_path_term`` off the trie), and

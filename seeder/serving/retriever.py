@@ -328,6 +328,13 @@ class Retriever:
         return np.array(features) if features.nbytes <= IN_MEMORY_FEATURES else features
 
     @cached_property
+    def filter_features(self) -> np.ndarray:
+        """The node rows K-HOP's filter reads, as preprocessing read them: ``node_features``, or the
+        artifacts' bfloat16 copy on a large graph (``seeder.features.bfloat16``)."""
+        features = self.artifacts.filter_features
+        return self.node_features if features.dtype == self.node_features.dtype else features
+
+    @cached_property
     def live_nodes(self) -> np.ndarray | None:
         """False for the placeholders of nodes an update removed, or None when there are none."""
         removed = pc.fill_null(pc.equal(self.artifacts.dataset.nodes.column("type"), REMOVED_TYPE), False)
@@ -386,7 +393,7 @@ class Retriever:
             )
         subgraphs = expand_queries(
             self.artifacts.dataset,
-            self.node_features,
+            self.filter_features,
             self.artifacts.relation_features,
             query_features,
             seeds,
@@ -527,7 +534,16 @@ class Retriever:
 
     def _build_indexes(self) -> None:
         """Everything a question needs that is built on first use."""
-        _ = self.encoder, self.pca, self.node_features, self.graph, self.prior, self.node_table, self.live_nodes
+        _ = (
+            self.encoder,
+            self.pca,
+            self.node_features,
+            self.filter_features,
+            self.graph,
+            self.prior,
+            self.node_table,
+            self.live_nodes,
+        )
         if self.config.seed.strategy in ("entity", "dense+entity"):
             _ = self.linker
 

@@ -188,6 +188,29 @@ def test_a_small_local_graph_goes_through_every_stage_without_ray_to_the_same_ar
     _assert_same_artifacts(reference, out)
 
 
+def test_a_graph_from_the_bfloat16_threshold_is_filtered_on_its_bfloat16_copy(reference, tiny_dataset, tmp_path):
+    """From ``reduce.bfloat16_from_nodes`` nodes up, the features stage writes the copy, its manifest
+    records it, and the subgraphs stage reads it: the seeds' cosines in the subgraphs move off the float32
+    ones of the reference run, by bfloat16's rounding at most, and ``Artifacts.filter_features`` (what a
+    served question is expanded with) is the copy."""
+    from seeder.features import bfloat16
+
+    out = tmp_path / "bf16"
+    result = run_job(tiny_dataset, out, "reduce.bfloat16_from_nodes=300")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    art, ref = open_artifacts(out), open_artifacts(reference)
+    np.testing.assert_array_equal(art.node_features, ref.node_features)  # float32 rows, as before
+    assert bfloat16.FILE_NAME in json.loads((out / "features" / "manifest.json").read_text())["files"]
+    assert art.filter_features.dtype == np.uint16 and ref.filter_features.dtype == np.float32
+    np.testing.assert_array_equal(art.filter_features, bfloat16.to_bfloat16_bits(ref.node_features))
+    mine, theirs = art.subgraphs(), ref.subgraphs()
+    seed_scores = mine.score[mine.hop == 0]
+    reference_scores = theirs.score[theirs.hop == 0]
+    np.testing.assert_array_equal(mine.nodes[mine.hop == 0], theirs.nodes[theirs.hop == 0])
+    assert not np.array_equal(seed_scores, reference_scores)
+    np.testing.assert_allclose(seed_scores, reference_scores, atol=2.0**-7)
+
+
 def test_the_features_map_over_ray_equals_projecting_in_one_process(reference, tiny_dataset, tmp_path):
     """The features stage's Ray Data map (one task per embedding shard, rows placed by id as they come
     back) writes the same ``node.npy`` as the library projecting every shard in its own process."""
