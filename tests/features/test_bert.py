@@ -99,11 +99,14 @@ def test_int8_on_cpu_stays_close_to_float32_and_ignores_its_batch(encoders):
     same alone as in a batch (up to a rounding flip of one 8-bit step), within cosine 0.98 of float32's."""
     ours, _ = encoders
     quantized = bert.BertSentenceEncoder(minilm_path(), batch_size=16, cpu_precision="int8")
-    got, want = quantized.encode(TEXTS), ours.encode(TEXTS)
+    # Without the text longer than max_seq_length (its truncation is tested in float32 above): its batch,
+    # padded to max_seq_length, took most of the test's time on CPUs without a native int8 GEMM.
+    texts = [t for t in TEXTS if len(t) < 1000]
+    got, want = quantized.encode(texts), ours.encode(texts)
     assert got.dtype == np.float32 and np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
     cosine = (got * want).sum(1)
     assert cosine.min() > 0.98 and np.median(cosine) > 0.995 and not np.array_equal(got, want)
-    alone = np.concatenate([quantized.encode([t]) for t in TEXTS[:8]])
+    alone = np.concatenate([quantized.encode([t]) for t in texts[:8]])
     assert np.abs(alone - got[:8]).max() < 1e-2
     # A product of the layer equals the float one to the two quantization steps.
     weight, bias = torch.randn(48, 32), torch.randn(48)
