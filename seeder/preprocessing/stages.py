@@ -164,6 +164,10 @@ def check_config(config: SeederConfig) -> None:
         raise ConfigError(f"reduce.dim={r.dim} exceeds MiniLM's 384 dimensions; use 256 (paper) or less")
     if r.fit_sample <= 0:
         raise ConfigError(f"reduce.fit_sample must be positive, got {r.fit_sample}")
+    if r.bfloat16_from_nodes < 0:
+        raise ConfigError(
+            f"reduce.bfloat16_from_nodes must be >= 0 (a node count; 0 never writes the bfloat16 copy), got {r.bfloat16_from_nodes}"
+        )
     if s.k0 <= 0:
         raise ConfigError(f"seed.k0 must be positive, got {s.k0}")
     if s.search != "exact":

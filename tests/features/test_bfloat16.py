@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from seeder.config import ExpandConfig, load_config
+from seeder.config import ConfigError, ExpandConfig, load_config
 from seeder.features import bfloat16
-from seeder.preprocessing.stages import stage_fingerprints
+from seeder.preprocessing.stages import check_config, stage_fingerprints
 from seeder.retrieve.khop import GraphIndex
 from tests.retrieve.conftest import normalised, random_graph  # noqa: F401  (a fixture)
 from tests.retrieve.test_khop import run
@@ -51,6 +52,8 @@ def test_only_graphs_from_the_threshold_get_the_copy_and_a_new_features_fingerpr
     moved = load_config(None, ["reduce.bfloat16_from_nodes=2000"])
     assert stage_fingerprints(moved, "d", 1_000)["features"] == small["features"]
     assert stage_fingerprints(moved, "d", 2_000)["features"] != small["features"]
+    with pytest.raises(ConfigError, match="reduce.bfloat16_from_nodes must be >= 0"):
+        check_config(load_config(None, ["reduce.bfloat16_from_nodes=-1"]))
 
 
 def test_the_filter_reads_bfloat16_rows_as_the_float32_values_they_stand_for(random_graph):  # noqa: F811
