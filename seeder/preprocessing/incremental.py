@@ -401,12 +401,20 @@ def write_features(
 ) -> dict:
     """The features stage of the new version: the parent's rows where the text is the same, the new
     embeddings projected with the parent's PCA (``pca.npz`` kept; none with ``reduce.dim: 0``) elsewhere."""
+    n = kg.num_nodes
+    copy = bfloat16.applies(n, config.reduce.bfloat16_from_nodes)
+    if copy != (parent_features / bfloat16.FILE_NAME).exists():
+        # the filter's rows would change for every subgraph, which the update does not redo
+        raise DataError(
+            f"{parent_features}: the new version has {n:,} nodes, across reduce.bfloat16_from_nodes="
+            f"{config.reduce.bfloat16_from_nodes:,} from its parent, so K-HOP's filter would read other node rows; "
+            f"run a full preprocessing of the new version without --update"
+        )
     pca = PCA.load(parent_features / "pca.npz") if config.reduce.dim else None
     if pca is not None:
         shutil.copyfile(parent_features / "pca.npz", out / "pca.npz")
     parent_nodes = np.load(parent_features / "node.npy", mmap_mode="r")
     width = parent_nodes.shape[1]
-    n = kg.num_nodes
     nodes = np.lib.format.open_memmap(out / "node.npy", mode="w+", dtype=np.float32, shape=(n, width))
     step = 1 << 18
     for lo in range(0, len(parent_nodes), step):  # a block copy: at most a few steps per million rows
@@ -419,14 +427,6 @@ def write_features(
             nodes[changed] = apply_pca(emb, pca)
     nodes.flush()
     del nodes
-    copy = bfloat16.applies(n, config.reduce.bfloat16_from_nodes)
-    if copy != (parent_features / bfloat16.FILE_NAME).exists():
-        # the filter's rows would change for every subgraph, which the update does not redo
-        raise DataError(
-            f"{parent_features}: the new version has {n:,} nodes, across reduce.bfloat16_from_nodes="
-            f"{config.reduce.bfloat16_from_nodes:,} from its parent, so K-HOP's filter would read other node rows; "
-            f"run a full preprocessing of the new version without --update"
-        )
     if copy:
         bfloat16.write_copy(out)
     relations = np.load(embed_dir / "relations.npy")

@@ -898,11 +898,10 @@ def _seed_arrays(seeds_file: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _features(directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(the filter's node rows (``bfloat16.filter_features``), relation and query features, query ids) of
-    a features stage, memory-mapped once per worker
-    process and reused by every block it expands: a block of a large graph reads node rows from all
-    over ``node.npy`` (or its bfloat16 copy), and a fresh mapping per block faulted them all in again
-    (at ten million nodes, nearly half of a block's time). A rewritten stage (a new ``node.npy``) is
-    mapped afresh."""
+    a features stage, memory-mapped once per worker process and reused by every block it expands: a
+    block of a large graph reads node rows from all over ``node.npy`` (or its bfloat16 copy), and a
+    fresh mapping per block faulted them all in again (at ten million nodes, nearly half of a block's
+    time). A rewritten stage (a new ``node.npy``) is mapped afresh."""
     stat = os.stat(Path(directory) / "node.npy")
     return _mapped_features(str(directory), stat.st_ino, stat.st_mtime_ns)
 

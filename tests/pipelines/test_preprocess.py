@@ -20,6 +20,7 @@ import pytest
 
 from seeder.config import load_config
 from seeder.data.store import open_dataset
+from seeder.features import bfloat16
 from seeder.preprocessing.artifacts import open_artifacts
 from seeder.preprocessing.stages import TEST_STOP_ENV, stage_fingerprints
 from seeder.system.io import DataError
@@ -193,8 +194,6 @@ def test_a_graph_from_the_bfloat16_threshold_is_filtered_on_its_bfloat16_copy(re
     records it, and the subgraphs stage reads it: the seeds' cosines in the subgraphs move off the float32
     ones of the reference run, by bfloat16's rounding at most, and ``Artifacts.filter_features`` (what a
     served question is expanded with) is the copy."""
-    from seeder.features import bfloat16
-
     out = tmp_path / "bf16"
     result = run_job(tiny_dataset, out, "reduce.bfloat16_from_nodes=300")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

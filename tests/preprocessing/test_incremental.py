@@ -17,6 +17,7 @@ from seeder.config import load_config, to_dict
 from seeder.data.store import open_dataset
 from seeder.data.subgraphs import SubgraphSet
 from seeder.data.update import update_dataset
+from seeder.features import bfloat16
 from seeder.features.embed import load_encoder
 from seeder.preprocessing import incremental as inc
 from seeder.preprocessing import stages as pp
@@ -247,6 +248,24 @@ def test_update_keeps_the_pca(versions, tmp_path):
     same = np.flatnonzero(diff.node_source >= 0)
     new, old = np.load(tmp_path / "a2" / "features" / "node.npy"), np.load(tmp_path / "a1" / "features" / "node.npy")
     assert np.array_equal(new[same], old[diff.node_source[same]])
+
+
+def test_an_update_writes_the_bfloat16_copy_as_a_full_run_and_refuses_to_cross_its_threshold(versions, tmp_path):
+    """A parent with the bfloat16 copy (``reduce.bfloat16_from_nodes``): the update's copy and subgraphs
+    equal a full run's. A version whose node count crosses the threshold is refused, naming the fix."""
+    parent, child = versions
+    config = config_for("dense", extra=("reduce.bfloat16_from_nodes=1",))
+    full_run(parent, tmp_path / "a1", config)
+    update_run(child, tmp_path / "a1", tmp_path / "a2", config)
+    full_run(child, tmp_path / "full", config)
+    write_top_manifest(tmp_path / "a2", child, open_dataset(child), config)
+    assert_same_artifacts(tmp_path / "a2", tmp_path / "full")
+    copies = [np.load(tmp_path / run / "features" / bfloat16.FILE_NAME) for run in ("a2", "full")]
+    assert copies[0].dtype == np.uint16 and np.array_equal(*copies)
+    crossing = config_for("dense", extra=(f"reduce.bfloat16_from_nodes={open_dataset(child).num_nodes}",))
+    full_run(parent, tmp_path / "b1", crossing)  # fewer nodes than the threshold: no copy
+    with pytest.raises(DataError, match="across reduce.bfloat16_from_nodes=.* run a full preprocessing"):
+        update_run(child, tmp_path / "b1", tmp_path / "b2", crossing)
 
 
 def test_update_refuses_the_wrong_parent_and_another_config(versions, tmp_path):
