@@ -14,7 +14,8 @@ def run(args: argparse.Namespace) -> int:
     uri = tracking_uri()
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true")
+    # No MLflow job runner: its worker processes run MLflow's GenAI jobs, which nothing here submits.
+    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     return subprocess.call(cmd, env=env)
 
 

@@ -150,7 +150,7 @@ def mlflow_server(tmp_path_factory):
             "1",
         ],  # one process: under load, uvicorn's supervisor kills slow workers
         cwd=root,
-        env=ENV,
+        env=dict(ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # as `seeder ui`: no job-runner processes
         stdout=open(root / "server.log", "wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
