@@ -141,7 +141,9 @@ def test_seeder_ui_listens_on_loopback_only(tmp_path):
         mine = [sock for sock in listeners() if sock.pid in tree]
         assert port in {sock.port for sock in mine}
         assert all(is_loopback(sock.address) for sock in mine), "\n".join(map(str, mine))
-        commands = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in tree if Path(f"/proc/{pid}").exists()]
+        commands = [
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ") for pid in tree if Path(f"/proc/{pid}").exists()
+        ]
         assert not [c for c in commands if b"huey" in c], "seeder ui started MLflow's job runner"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the UI and its workers: their own session
