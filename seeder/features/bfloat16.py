@@ -63,9 +63,14 @@ def write_copy(features_dir: str | Path) -> Path:
     return path
 
 
+def written_copy(features_dir: str | Path) -> np.ndarray | None:
+    """The features stage's bfloat16 copy, memory-mapped, or None where it wrote none."""
+    copy = Path(features_dir) / FILE_NAME
+    return np.load(copy, mmap_mode="r") if copy.exists() else None
+
+
 def filter_features(features_dir: str | Path) -> np.ndarray:
     """The node rows K-HOP's filter reads from a features stage, memory-mapped: the bfloat16 copy where
     the stage wrote one, else ``node.npy``."""
-    features_dir = Path(features_dir)
-    copy = features_dir / FILE_NAME
-    return np.load(copy if copy.exists() else features_dir / "node.npy", mmap_mode="r")
+    copy = written_copy(features_dir)
+    return copy if copy is not None else np.load(Path(features_dir) / "node.npy", mmap_mode="r")

@@ -659,8 +659,8 @@ def run_seeds(
     if cfg.strategy not in ("dense", "given"):
         texts = kg.table("queries", ["id", "text"]).sort_by("id").column("text").to_pylist()
     # entity seeds need no dense search, and hybrid fuses BM25 with its own exact ranking
-    dense = cfg.strategy not in ("entity", "hybrid")
-    search = resolve_search(cfg, len(node_features), len(query_features)) if dense else "exact"
+    uses_dense = cfg.strategy not in ("entity", "hybrid")
+    search = resolve_search(cfg, len(node_features), len(query_features)) if uses_dense else "exact"
     index, ann_info = None, {}
     if search == "ann" and cfg.search == "auto" and len(node_features) > ANN_PILOT_NODES:
         pilot = ann_pilot(query_features, node_features, cfg)
@@ -684,14 +684,22 @@ def run_seeds(
         if cfg.search == "auto" and check["recall"] < cfg.ann_min_recall:
             search, index = "exact", None  # the sample says the index would lose seeds: exact it is
             ann_info["ann"]["fell_back_to_exact"] = True
+    screened = uses_dense and search == "exact" and (features_dir / bfloat16.FILE_NAME).exists()
     start = time.perf_counter()
-    dense = None if dense_blocks is None else (lambda features: dense_blocks(features, search, index))
+    if dense_blocks is not None:
+        dense = lambda features: dense_blocks(features, search, index)
+    else:
+        copy = bfloat16.written_copy(features_dir)
+        dense = lambda features: dense_search(features, node_features, cfg, index=index, search=search, screen_rows=copy)
     seeds, scores = seed_queries(
         kg, config, query_features, node_features, texts=texts, query_ids=query_ids, index=index, search=search, dense=dense
     )
     search_seconds = time.perf_counter() - start
     write_seed_table(out / "seeds.parquet", query_ids, seeds, scores)
-    return {**seed_stage_info(seeds, cfg, search), "seed_seconds": round(search_seconds, 3), **ann_info}
+    info = {**seed_stage_info(seeds, cfg, search), "seed_seconds": round(search_seconds, 3), **ann_info}
+    if screened:
+        info["screened"] = bfloat16.FILE_NAME  # the exact search screened the bfloat16 copy (the same seeds)
+    return info
 
 
 def seed_stage_info(seeds: np.ndarray, cfg, search: str) -> dict[str, Any]:
@@ -726,8 +734,12 @@ def dense_seed_block(
     from the artifacts location (``stage_input``), ``index`` is the ANN index's bytes (``search: ann``)
     or None. Returns ((ids, scores) as ``dense_seeds`` does, counts)."""
     cfg = from_dict(SeederConfig, config).seed
-    nodes = np.load(stage_input(artifacts, "features") / "node.npy", mmap_mode="r")
-    return dense_search(query_features, nodes, cfg, index=index, search=search), {"queries": len(query_features)}
+    features = stage_input(artifacts, "features")
+    nodes = np.load(features / "node.npy", mmap_mode="r")
+    copy = bfloat16.written_copy(features)
+    return dense_search(query_features, nodes, cfg, index=index, search=search, screen_rows=copy), {
+        "queries": len(query_features)
+    }
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -76,15 +76,23 @@ def resolve_search(cfg: SeedConfig, num_nodes: int, num_queries: int | None = No
 
 
 def dense_search(
-    query_features: np.ndarray, node_features: np.ndarray, cfg: SeedConfig, index=None, search: str | None = None
+    query_features: np.ndarray,
+    node_features: np.ndarray,
+    cfg: SeedConfig,
+    index=None,
+    search: str | None = None,
+    screen_rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``cfg.k0`` dense seeds of every query, exact or from the ANN index per ``seed.search`` (or
     ``search`` when given, already resolved): the one place that chooses. ``index`` (an ``AnnIndex``)
-    is reused when given, else built here over ``node_features`` when the index is chosen. Same format
-    as ``dense_seeds`` either way."""
+    is reused when given, else built here over ``node_features`` when the index is chosen. The exact
+    search screens ``screen_rows`` (the features' bfloat16 copy) when given. Same format as
+    ``dense_seeds`` either way."""
     search = search or resolve_search(cfg, len(node_features), None if index is not None else len(query_features))
     if search == "exact":
-        return dense_seeds(query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries, screen=cfg.screen)
+        return dense_seeds(
+            query_features, node_features, cfg.k0, cfg.block_nodes, cfg.block_queries, screen=cfg.screen, screen_rows=screen_rows
+        )
     return search_block(index if index is not None else AnnIndex.build(node_features, cfg), query_features, cfg)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from seeder.config import ConfigError
 from seeder.data.ragged import positions_within
+from seeder.features.bfloat16 import from_bfloat16_bits
 from seeder.system.mapped import release
 
 
@@ -26,6 +27,10 @@ BF16_ROUNDING = 2.0**-7
 """Bound on |bfloat16 product - exact product| for unit vectors: both inputs rounded to bfloat16 (8
 significant bits, at most 2^-9 relative each, 2^-8 for a product of two) and the output rounded to
 bfloat16 (2^-9 of a value of at most 1), with float32 accumulation in between: 2^-8 + 2^-9 < 2^-7."""
+BF16_ROWS_ROUNDING = 2.0**-8
+"""Bound on the same for a float32 product of float32 queries with node rows stored as bfloat16 (the
+features stage's copy, ``seeder.features.bfloat16``): only the rows are rounded (2^-9 relative), with
+room for their norms being taken after rounding."""
 
 
 def resolve_screen(screen: str) -> str:
@@ -40,12 +45,15 @@ def resolve_screen(screen: str) -> str:
     return screen
 
 
-def screen_error(screen: str, dim: int) -> float:
+def screen_error(screen: str, dim: int, bfloat16_rows: bool = False) -> float:
     """How far a screen's score of two unit vectors can lie from ``row_cosines``' (per unit of
     ``|q| * |x|``): each sums ``dim`` float32 products, within ``dim * 2^-24`` of the true value in any
-    order; a bfloat16 screen adds its rounding (``BF16_ROUNDING``)."""
+    order; a bfloat16 screen adds its rounding (``BF16_ROUNDING``), a float32 one over bfloat16 rows
+    theirs (``BF16_ROWS_ROUNDING``)."""
     accumulation = 2 * dim * 2.0**-24
-    return accumulation + (BF16_ROUNDING if screen == "bfloat16" else 0.0)
+    if screen == "bfloat16":
+        return accumulation + BF16_ROUNDING
+    return accumulation + (BF16_ROWS_ROUNDING if bfloat16_rows else 0.0)
 
 
 def _kth_largest(scores, rows: np.ndarray, k: int) -> np.ndarray:
@@ -79,6 +87,7 @@ def dense_seeds(
     block_nodes: int = 131_072,
     block_queries: int = 512,
     screen: str = "auto",
+    screen_rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k0`` nodes by cosine for every query: (ids int64 [Q, k0], scores float32 [Q, k0]).
 
@@ -94,6 +103,11 @@ def dense_seeds(
     screen score comes within ``screen_error`` of the query's running k-th best are scored again
     exactly (``row_cosines``), and the top-k is kept on those: a node of the true top-k can never be
     screened out, so the result is the same in either precision, bit for bit.
+
+    ``screen_rows``, when given, is the features' bfloat16 copy (uint16 bits, ``node_features``' shape):
+    the screen reads it instead of the float32 rows, and only the rows that pass it are read from
+    ``node_features``. On a large graph that halves the bytes this scan pulls through the page cache
+    and leaves the copy there for K-HOP's filter, which reads it next. The seeds stay bit for bit.
     """
     if k0 < 1:
         raise ConfigError(f"seed.k0 must be at least 1, got {k0}")
@@ -106,19 +120,29 @@ def dense_seeds(
     num_queries, num_nodes = len(query_features), len(node_features)
     if num_nodes and query_features.shape[1] != node_features.shape[1]:
         raise ValueError(f"query features have dimension {query_features.shape[1]} but node features {node_features.shape[1]}")
-    error = screen_error(screen, query_features.shape[1]) * np.linalg.norm(query_features, axis=1)
+    if screen_rows is not None and (screen_rows.shape != node_features.shape or screen_rows.dtype != np.uint16):
+        raise ValueError(
+            f"screen_rows must be the node features' bfloat16 bits (uint16 {node_features.shape}), "
+            f"got {screen_rows.dtype} {screen_rows.shape}"
+        )
+    bfloat16_rows = screen_rows is not None
+    error = screen_error(screen, query_features.shape[1], bfloat16_rows) * np.linalg.norm(query_features, axis=1)
     screen_queries = torch.from_numpy(query_features).to(torch.bfloat16) if screen == "bfloat16" else None
     best_ids = np.full((num_queries, k0), -1, dtype=np.int64)
     best_scores = np.full((num_queries, k0), -np.inf, dtype=np.float32)
     for n_start in range(0, num_nodes, block_nodes):
-        view = node_features[n_start : n_start + block_nodes]
-        block = np.ascontiguousarray(view, dtype=np.float32)
-        # A memmap's rows are read-only, and torch wraps only writeable arrays.
-        screen_block = (
-            torch.from_numpy(block if block.flags.writeable else block.copy()).to(torch.bfloat16).T
-            if screen == "bfloat16"
-            else None
-        )
+        view = (screen_rows if bfloat16_rows else node_features)[n_start : n_start + block_nodes]
+        if bfloat16_rows and screen == "bfloat16":  # the bits are bfloat16 already: no rounding, no widening
+            screen_block = torch.from_numpy(np.array(view)).view(torch.bfloat16).T
+            block = screen_block.T.float().numpy()
+        else:
+            block = from_bfloat16_bits(view) if bfloat16_rows else np.ascontiguousarray(view, dtype=np.float32)
+            # A memmap's rows are read-only, and torch wraps only writeable arrays.
+            screen_block = (
+                torch.from_numpy(block if block.flags.writeable else block.copy()).to(torch.bfloat16).T
+                if screen == "bfloat16"
+                else None
+            )
         widest = np.sqrt(np.einsum("ij,ij->i", block, block).max())
         for q_start in range(0, num_queries, block_queries):
             rows_of = slice(q_start, q_start + block_queries)
@@ -137,7 +161,10 @@ def dense_seeds(
             rows, cols = _at_least(scores, threshold)
             if len(rows) == 0:
                 continue
-            ids, values = pad_rows(rows, cols.astype(np.int64) + n_start, row_cosines(queries, block, rows, cols), len(queries))
+            # The score of record, from float32 rows: the block's, or under a bfloat16 copy the candidates' own.
+            found = cols.astype(np.int64) + n_start
+            exact = row_cosines(queries, node_features, rows, found) if bfloat16_rows else row_cosines(queries, block, rows, cols)
+            ids, values = pad_rows(rows, found, exact, len(queries))
             best_ids[rows_of], best_scores[rows_of] = merge_topk(
                 np.concatenate([best_ids[rows_of], ids], axis=1),
                 np.concatenate([best_scores[rows_of], values], axis=1),

@@ -191,7 +191,7 @@ def test_a_small_local_graph_goes_through_every_stage_without_ray_to_the_same_ar
 
 def test_a_graph_from_the_bfloat16_threshold_is_filtered_on_its_bfloat16_copy(reference, tiny_dataset, tmp_path):
     """From ``reduce.bfloat16_from_nodes`` nodes up, the features stage writes the copy, its manifest
-    records it, and the subgraphs stage reads it: the seeds' cosines in the subgraphs move off the float32
+    records it, the seeds' exact search screens it (the same seeds), and the subgraphs stage reads it: the seeds' cosines in the subgraphs move off the float32
     ones of the reference run, by bfloat16's rounding at most, and ``Artifacts.filter_features`` (what a
     served question is expanded with) is the copy."""
     out = tmp_path / "bf16"
@@ -202,6 +202,9 @@ def test_a_graph_from_the_bfloat16_threshold_is_filtered_on_its_bfloat16_copy(re
     assert bfloat16.FILE_NAME in json.loads((out / "features" / "manifest.json").read_text())["files"]
     assert art.filter_features.dtype == np.uint16 and ref.filter_features.dtype == np.float32
     np.testing.assert_array_equal(art.filter_features, bfloat16.to_bfloat16_bits(ref.node_features))
+    # The seeds' exact search screened the copy (its Ray tasks did), and found the same seeds.
+    assert json.loads((out / "summary.json").read_text())["stages"]["seeds"]["info"]["screened"] == bfloat16.FILE_NAME
+    assert pq.read_table(out / "seeds" / "seeds.parquet").equals(pq.read_table(reference / "seeds" / "seeds.parquet"))
     mine, theirs = art.subgraphs(), ref.subgraphs()
     seed_scores = mine.score[mine.hop == 0]
     reference_scores = theirs.score[theirs.hop == 0]

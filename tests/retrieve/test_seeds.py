@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seeder.config import ConfigError, SeedConfig
+from seeder.features.bfloat16 import to_bfloat16_bits
+from seeder.retrieve import topk
 from seeder.retrieve.seeds import EntityLinker, dense_seeds, normalise_texts, resolve_screen, row_cosines, select_seeds
 
 from .conftest import make_graph, normalised
@@ -50,12 +52,34 @@ def test_a_bfloat16_screen_finds_the_same_seeds_bit_for_bit_among_near_ties(bloc
     exact = row_cosines(qf, nf, rows, np.tile(np.arange(len(nf)), len(qf))).reshape(len(qf), len(nf))
     want = np.lexsort((np.broadcast_to(np.arange(len(nf)), exact.shape), -exact), axis=-1)[:, :k]
     got = {screen: dense_seeds(qf, nf, k, block_nodes, block_queries, screen=screen) for screen in ("float32", "bfloat16")}
+    # Screening the features' bfloat16 copy instead of the float32 rows changes nothing either.
+    copy = to_bfloat16_bits(nf)
+    for screen in ("float32", "bfloat16"):
+        got[f"{screen} over the copy"] = dense_seeds(qf, nf, k, block_nodes, block_queries, screen=screen, screen_rows=copy)
     for ids, scores in got.values():
         np.testing.assert_array_equal(ids, want)
         np.testing.assert_array_equal(scores, np.take_along_axis(exact, want, axis=1))
     assert got["bfloat16"][0][6].tolist() == [19, 20, 333, 334, 650]
     with pytest.raises(ConfigError, match="seed.screen='float16': choose auto, float32 or bfloat16"):
         resolve_screen("float16")
+    with pytest.raises(ValueError, match="screen_rows must be the node features' bfloat16 bits"):
+        dense_seeds(qf, nf, k, screen_rows=nf)
+
+
+def test_the_bfloat16_copys_rounding_bound_is_what_keeps_its_screen_exact(monkeypatch):
+    """Without its rounding bound the float32 screen over the bfloat16 copy drops true seeds: nodes a
+    rounding step apart are ordered by the copy, not by their float32 rows."""
+    rng = np.random.default_rng(11)
+    base = normalised(rng, 1, 32)[0]
+    nf = base + 1e-3 * rng.standard_normal((400, 32)).astype(np.float32)
+    nf /= np.linalg.norm(nf, axis=1, keepdims=True)
+    qf = normalised(rng, 1, 32) * 0.1 + base
+    qf /= np.linalg.norm(qf, axis=1, keepdims=True)
+    want, _ = dense_seeds(qf, nf, 5, 50, 1, screen="float32")
+    copy = to_bfloat16_bits(nf)
+    np.testing.assert_array_equal(dense_seeds(qf, nf, 5, 50, 1, screen="float32", screen_rows=copy)[0], want)
+    monkeypatch.setattr(topk, "BF16_ROWS_ROUNDING", 0.0)
+    assert not np.array_equal(dense_seeds(qf, nf, 5, 50, 1, screen="float32", screen_rows=copy)[0], want)
 
 
 def test_ties_across_block_boundaries_break_by_id():
