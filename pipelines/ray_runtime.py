@@ -30,6 +30,8 @@ NUM_CPUS_HELP = "CPUs of an embedded local Ray (default: all of this machine's)"
 # group cleaner polls the State API, which needs the dashboard the embedded Ray runs without, and warns
 # every few seconds that it cannot. (Ray Train's per-report INFO lines are not reachable this way: Ray
 # Train configures its workers' logging after this hook runs.)
+COORDINATOR_REPLY_S = 60
+"""How long Ray Train's controller waits for the autoscaling coordinator's reply (``quiet_ray_loggers``)."""
 QUIET_LOGGERS = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": "ERROR",
 }
@@ -57,9 +59,16 @@ def quiet_ray_loggers() -> None:
     # comes from a logger named by its file's path, which LoggingConfig's level does not reach.
     try:
         from ray.train.v2._internal.execution import context
+        from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
     except ImportError:
         return
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    # Ray Train's controller registers each run with Ray Data's autoscaling coordinator, an actor started on
+    # first use, and gives its reply 5 s: on a loaded machine the actor's start takes longer, and the
+    # controller printed a "safe to ignore" traceback. It waits for the actor instead, up to a limit.
+    timeout = getattr(coordinator, "AUTOSCALING_REQUESTS_GET_TIMEOUT_S", None)
+    if isinstance(timeout, (int, float)):
+        coordinator.AUTOSCALING_REQUESTS_GET_TIMEOUT_S = max(timeout, COORDINATOR_REPLY_S)
 
 
 # HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.

@@ -260,6 +260,18 @@ def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
         dispatcher.remove_handler("ray_print_logs")
 
 
+def test_the_worker_hook_lets_ray_trains_controller_wait_for_its_autoscaling_coordinator(monkeypatch):
+    """On a loaded machine the coordinator actor took more than Ray's 5 s to answer the controller's first
+    request, and the run printed a traceback; the hook every Ray worker runs gives it longer."""
+    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+
+    from pipelines.ray_runtime import COORDINATOR_REPLY_S, quiet_ray_loggers
+
+    monkeypatch.setattr(coordinator, "AUTOSCALING_REQUESTS_GET_TIMEOUT_S", 5)
+    quiet_ray_loggers()
+    assert coordinator.AUTOSCALING_REQUESTS_GET_TIMEOUT_S == COORDINATOR_REPLY_S > 5
+
+
 def test_cluster_address_is_the_explicit_one_then_ray_address_and_local_means_none(monkeypatch):
     from pipelines.ray_runtime import cluster_address
 
