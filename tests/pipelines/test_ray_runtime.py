@@ -172,10 +172,15 @@ def test_the_next_embedded_ray_stops_what_a_killed_driver_left_spares_a_live_ses
         wait_ready(live)
         wait_ready(killed)
         live_tree = {pid: start_time(pid) for pid in descendants(live.pid) - {live.pid}}
-        # Ray itself may retire an idle worker ("ray::IDLE") of the live session at any time: compare its
-        # GCS, raylet and agents, which live as long as the session.
+        # Ray itself may retire an idle worker ("ray::IDLE") of the live session at any time, and a process
+        # caught between fork and exec has no command line yet: compare its GCS, raylet and agents, which
+        # live as long as the session.
         live_commands = {pid: command(pid) for pid in live_tree}
-        live_core = {pid: started for pid, started in live_tree.items() if not live_commands[pid].startswith("ray::")}
+        live_core = {
+            pid: started
+            for pid, started in live_tree.items()
+            if live_commands[pid] and not live_commands[pid].startswith("ray::")
+        }
         killed_tree = {pid: start_time(pid) for pid in descendants(killed.pid) - {killed.pid}}
         assert len(killed_tree) >= 4  # GCS, raylet, agents, workers
         killed.send_signal(signal.SIGKILL)
