@@ -59,10 +59,13 @@ def quiet_ray_loggers() -> None:
     # comes from a logger named by its file's path, which LoggingConfig's level does not reach.
     try:
         from ray.train.v2._internal.execution import context
-        from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
     except ImportError:
         return
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    try:
+        from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+    except ImportError:  # a Ray without it: nothing to wait for
+        return
     # Ray Train's controller registers each run with Ray Data's autoscaling coordinator, an actor started on
     # first use, and gives its reply 5 s: on a loaded machine the actor's start takes longer, and the
     # controller printed a "safe to ignore" traceback. It waits for the actor instead, up to a limit.

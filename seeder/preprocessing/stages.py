@@ -684,12 +684,12 @@ def run_seeds(
         if cfg.search == "auto" and check["recall"] < cfg.ann_min_recall:
             search, index = "exact", None  # the sample says the index would lose seeds: exact it is
             ann_info["ann"]["fell_back_to_exact"] = True
-    screened = uses_dense and search == "exact" and (features_dir / bfloat16.FILE_NAME).exists()
+    copy = bfloat16.written_copy(features_dir)
+    screened = uses_dense and search == "exact" and copy is not None
     start = time.perf_counter()
     if dense_blocks is not None:
         dense = lambda features: dense_blocks(features, search, index)
     else:
-        copy = bfloat16.written_copy(features_dir)
         dense = lambda features: dense_search(features, node_features, cfg, index=index, search=search, screen_rows=copy)
     seeds, scores = seed_queries(
         kg, config, query_features, node_features, texts=texts, query_ids=query_ids, index=index, search=search, dense=dense
