@@ -7,8 +7,14 @@ PYTEST_ARGS ?=
 # of their time waiting on processes they started (Ray, servers), so two share two cores well.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test test-quick
+.PHONY: install demo test test-quick compile
 install: $(VENV)/.installed
+
+# The project's own modules, byte-compiled ahead (only the files changed since the last time): where
+# PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every process the suite or the demo starts
+# (each Ray worker, each command a test runs) would otherwise compile them again on import.
+compile: install
+	$(PY) -m compileall -q seeder pipelines tune tests benchmarks > /dev/null
 
 # torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -18,10 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-demo: install
+demo: compile
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
-test: install
+test: compile
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit loop: no Ray (a test that starts a Ray node fails; see tests/without_ray), no servers, no browser.
