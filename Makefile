@@ -16,12 +16,15 @@ install: $(VENV)/.installed
 compile: install
 	$(PY) -m compileall -q seeder pipelines tune tests benchmarks > /dev/null
 
-# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build. pip byte-compiles what
+# it installs on one core; compileall does the same on every core (a file that does not compile, such as a
+# package's template, is skipped by both, hence the `|| true`).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e '.[test]'
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 	touch $@
 
 demo: compile
