@@ -12,12 +12,16 @@ that an earlier embedded run left behind when it was killed are stopped (``stop_
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
 import signal
 import sys
 import time
+import types
+from typing import Callable
 
 STARTUP_ATTEMPTS = 3
 ADDRESS_HELP = (
@@ -45,8 +49,14 @@ QUIET_DRIVER_LOGGERS = {
 }
 
 
+COORDINATOR_MODULE = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+
+
 def quiet_ray_loggers() -> None:
-    """``worker_process_setup_hook``: runs in every Ray worker process before it does any work."""
+    """``worker_process_setup_hook``: runs in every Ray worker process before it does any work.
+
+    It imports nothing of Ray Train: most workers never use it, and importing it (pandas, pydantic and
+    some 800 modules) cost each of them about a second of CPU at start-up."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
     # Ray's State API (used by Ray Train's placement-group cleaner) finds "the" local cluster by looking
@@ -57,21 +67,49 @@ def quiet_ray_loggers() -> None:
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     # Ray Train's "Reporting training result N: TrainingReport(...)" (all metrics, every epoch and rank)
     # comes from a logger named by its file's path, which LoggingConfig's level does not reach.
-    try:
-        from ray.train.v2._internal.execution import context
-    except ImportError:
-        return
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
-    try:
-        from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
-    except ImportError:  # a Ray without it: nothing to wait for
-        return
+    context = os.path.join(os.path.dirname(ray.__file__), "train", "v2", "_internal", "execution", "context.py")
+    logging.getLogger(context).setLevel(logging.WARNING)
     # Ray Train's controller registers each run with Ray Data's autoscaling coordinator, an actor started on
     # first use, and gives its reply 5 s: on a loaded machine the actor's start takes longer, and the
     # controller printed a "safe to ignore" traceback. It waits for the actor instead, up to a limit.
+    after_import(COORDINATOR_MODULE, wait_longer_for_the_coordinator)
+
+
+def wait_longer_for_the_coordinator(coordinator) -> None:
     timeout = getattr(coordinator, "AUTOSCALING_REQUESTS_GET_TIMEOUT_S", None)
-    if isinstance(timeout, (int, float)):
+    if isinstance(timeout, (int, float)):  # a Ray without it: nothing to change
         coordinator.AUTOSCALING_REQUESTS_GET_TIMEOUT_S = max(timeout, COORDINATOR_REPLY_S)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``name`` is imported, it lets the other finders find it and has its
+    loader call ``then(module)`` once the module has run."""
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            run_module = spec.loader.exec_module
+
+            def run_then(module):
+                run_module(module)
+                self.then(module)
+
+            spec.loader.exec_module = run_then  # this spec's own loader: nothing shared is changed
+        return spec
+
+
+def after_import(name: str, then: Callable[[types.ModuleType], None]) -> None:
+    """``then(module)`` now if ``name`` is imported already, else right after it is, without importing it."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 # HF_HUB_DISABLE_PROGRESS_BARS: each embedding actor would otherwise draw a "Loading weights" bar.

@@ -265,9 +265,30 @@ def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
         dispatcher.remove_handler("ray_print_logs")
 
 
-def test_the_worker_hook_lets_ray_trains_controller_wait_for_its_autoscaling_coordinator(monkeypatch):
-    """On a loaded machine the coordinator actor took more than Ray's 5 s to answer the controller's first
-    request, and the run printed a traceback; the hook every Ray worker runs gives it longer."""
+WORKER_HOOK_PROBE = """
+import logging, sys
+from pipelines.ray_runtime import COORDINATOR_MODULE, COORDINATOR_REPLY_S, quiet_ray_loggers
+quiet_ray_loggers()
+imported = sorted(m for m in sys.modules if m.startswith("ray.train"))
+from ray.train.v2._internal.execution import context
+from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+print(imported, coordinator.AUTOSCALING_REQUESTS_GET_TIMEOUT_S, COORDINATOR_REPLY_S, context.logger.level == logging.WARNING)
+"""
+
+
+def test_the_worker_hook_imports_no_ray_train_yet_sets_its_controllers_wait_and_quiets_its_reports():
+    """Every Ray worker runs the hook. On a loaded machine the coordinator actor took more than Ray's 5 s to
+    answer Ray Train's controller, which printed a traceback: the hook gives it longer, and quiets the
+    per-report log lines, once Ray Train is imported and without importing it (a second of each worker's
+    start-up). A fresh interpreter: this one may have imported Ray Train already."""
+    done = subprocess.run([sys.executable, "-c", WORKER_HOOK_PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported, timeout, wanted, quiet = done.stdout.strip().rsplit(" ", 3)
+    assert imported == "[]", imported
+    assert int(timeout) == int(wanted) > 5 and quiet == "True", done.stdout
+
+
+def test_the_worker_hook_sets_the_wait_at_once_where_ray_train_is_imported(monkeypatch):
     from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
 
     from pipelines.ray_runtime import COORDINATOR_REPLY_S, quiet_ray_loggers
