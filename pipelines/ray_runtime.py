@@ -56,7 +56,7 @@ def quiet_ray_loggers() -> None:
     """``worker_process_setup_hook``: runs in every Ray worker process before it does any work.
 
     It imports nothing of Ray Train: most workers never use it, and importing it (pandas, pydantic and
-    some 800 modules) cost each of them about a second of CPU at start-up."""
+    hundreds of other modules) cost each of them about a second of CPU at start-up."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
     # Ray's State API (used by Ray Train's placement-group cleaner) finds "the" local cluster by looking
