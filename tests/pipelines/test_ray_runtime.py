@@ -6,6 +6,7 @@ tests/pipelines/test_train.py, tests/tune/test_sweep.py)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -266,12 +267,12 @@ def test_forwarded_core_worker_noise_is_dropped_and_other_lines_kept():
 
 
 WORKER_HOOK_PROBE = """
-import logging, sys
+import importlib, logging, sys
 from pipelines.ray_runtime import COORDINATOR_MODULE, COORDINATOR_REPLY_S, quiet_ray_loggers
 quiet_ray_loggers()
 imported = sorted(m for m in sys.modules if m.startswith("ray.train"))
 from ray.train.v2._internal.execution import context
-from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+coordinator = importlib.import_module(COORDINATOR_MODULE)
 print(imported, coordinator.AUTOSCALING_REQUESTS_GET_TIMEOUT_S, COORDINATOR_REPLY_S, context.logger.level == logging.WARNING)
 """
 
@@ -289,9 +290,9 @@ def test_the_worker_hook_imports_no_ray_train_yet_sets_its_controllers_wait_and_
 
 
 def test_the_worker_hook_sets_the_wait_at_once_where_ray_train_is_imported(monkeypatch):
-    from ray.train.v2._internal.execution.scaling_policy import autoscaling_coordinator_client as coordinator
+    from pipelines.ray_runtime import COORDINATOR_MODULE, COORDINATOR_REPLY_S, quiet_ray_loggers
 
-    from pipelines.ray_runtime import COORDINATOR_REPLY_S, quiet_ray_loggers
+    coordinator = importlib.import_module(COORDINATOR_MODULE)
 
     monkeypatch.setattr(coordinator, "AUTOSCALING_REQUESTS_GET_TIMEOUT_S", 5)
     quiet_ray_loggers()
