@@ -753,7 +753,7 @@ def run_update(
     why = {"all": "the prior was fitted again"}
     previous = None if update.refit_prior else SubgraphSet.read(parent / "subgraphs")
     if previous is not None:
-        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded)
+        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded, update.parent_kg, out / "features")
     stage_run(
         "subgraphs",
         lambda s: {

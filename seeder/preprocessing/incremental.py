@@ -21,10 +21,13 @@ parent's artifacts and recomputes, per stage:
   refit re-extracts every subgraph, since the prior scores every expansion;
 - subgraphs: the questions whose bounded region touches the change. The extraction reads the adjacency
   of the nodes it expanded (hop < K), scores their neighbours, and collects the edges among its nodes.
-  So a question is re-extracted when an expanded node is an endpoint of an added or removed edge, is
-  or neighbours a node whose features changed, when any of its nodes is such an endpoint or node,
-  when its seeds changed, or when its row (text, split, answers) changed. The parent's subgraph rows
-  say which nodes each extraction expanded (``hop``), so the test is one gather over them.
+  So a question is re-extracted when an expanded node is or neighbours a node whose features changed,
+  when any of its nodes is such a node, when its seeds changed, or when its row (text, split, answers)
+  changed. A changed edge re-extracts it when an expanded node is an endpoint; with the cosine relation
+  score, only when the edge can change what it selects (``regions_changed_by_edges``: a score of one
+  of its nodes, its induced edges, or a candidate that reaches a hop's lowest kept score). The parent's
+  subgraph rows say which nodes each extraction expanded (``hop``) and what each hop kept (``score``),
+  so the tests are gathers over them.
 
 Without a PCA (``reduce.dim: 0``) and with the prior refitted or not learned, the result is a full run's
 on the new version, bit for bit with a deterministic encoder (the hash encoder; a batched neural encoder
@@ -49,7 +52,7 @@ import pyarrow.parquet as pq
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
-from seeder.data.subgraphs import SubgraphSet, isin_sorted
+from seeder.data.subgraphs import SubgraphSet, isin_sorted, sorted_lookup
 from seeder.data.update import edge_keys
 from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca
@@ -91,6 +94,8 @@ class VersionDiff:
     touched: np.ndarray  # bool [N]: endpoints of added or removed edges
     renamed: np.ndarray  # bool [N]: a name that differs from the parent's (new nodes included)
     counts: dict[str, int] = field(default_factory=dict)
+    added_edges: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))  # (src, relation, dst) in the new ids
+    removed_edges: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))  # (src, relation, dst) in the parent's
 
     @property
     def changed_nodes(self) -> np.ndarray:
@@ -170,11 +175,18 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
     old_keys = edge_keys(old_src, old_e.column("relation").to_numpy(), old_dst, width_n, width_r)
     added = ~isin_sorted(new_keys, old_keys)
     removed = ~isin_sorted(old_keys, new_keys)
+    added_edges = np.stack([new_e.column(c).to_numpy()[added].astype(np.int64) for c in ("src", "relation", "dst")], axis=1)
+    removed_edges = np.stack(
+        [
+            old_src[removed].astype(np.int64),
+            old_e.column("relation").to_numpy()[removed].astype(np.int64),
+            old_dst[removed].astype(np.int64),
+        ],
+        axis=1,
+    )
     touched = np.zeros(n, dtype=bool)
-    touched[new_e.column("src").to_numpy()[added]] = True
-    touched[new_e.column("dst").to_numpy()[added]] = True
-    touched[old_src[removed]] = True
-    touched[old_dst[removed]] = True
+    touched[added_edges[:, [0, 2]].ravel()] = True
+    touched[removed_edges[:, [0, 2]].ravel()] = True
     counts = {
         "nodes_changed": int((node_source < 0).sum()),
         "relations_changed": int((relation_source < 0).sum()),
@@ -195,6 +207,8 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
         touched=touched,
         renamed=~same_name,
         counts=counts,
+        added_edges=added_edges,
+        removed_edges=removed_edges,
     )
 
 
@@ -733,6 +747,116 @@ def paths_to_recompute(
     return train[redo]
 
 
+EDGE_SCORE_MARGIN = 1e-4
+"""A candidate that a new edge scores within this of a hop's last kept score counts as able to enter
+it: the compiled hops sum each cosine in their own order, this test in numpy's (float32 either way)."""
+
+
+def _hop_thresholds(subgraphs: SubgraphSet, cfg) -> np.ndarray:
+    """[rows, K + 2]: column h (1..K) is the lowest score a new candidate must beat to enter hop h or a
+    later one (the minimum over those hops of their last kept score); -inf where such a hop kept fewer
+    nodes than it had room for (it took every candidate, so a new one enters), +inf past the last hop
+    and where no hop from h on had room."""
+    hops, rows = cfg.hops, len(subgraphs)
+    owner = segment_ids(subgraphs.node_ptr)
+    cell = owner * (hops + 1) + subgraphs.hop.astype(np.int64)
+    kept = np.bincount(cell, minlength=rows * (hops + 1)).reshape(rows, hops + 1)
+    lowest = np.full(rows * (hops + 1), np.inf, np.float32)
+    np.minimum.at(lowest, cell, subgraphs.score.astype(np.float32))
+    lowest = lowest.reshape(rows, hops + 1)
+    room = cfg.budget - np.cumsum(kept, axis=1) + kept  # what was left when each hop began
+    wanted = np.minimum(np.asarray([0, *cfg.keep_per_hop], np.int64)[None, :], np.maximum(room, 0))
+    thresholds = np.where(kept < wanted, -np.inf, np.where(kept > 0, lowest, np.inf))
+    out = np.full((rows, hops + 2), np.inf, np.float32)
+    out[:, 1 : hops + 1] = np.minimum.accumulate(thresholds[:, :0:-1], axis=1)[:, ::-1]
+    return out
+
+
+def regions_changed_by_edges(
+    kg: KnowledgeGraph,
+    parent_kg: KnowledgeGraph,
+    diff: VersionDiff,
+    config: SeederConfig,
+    subgraphs: SubgraphSet,
+    features_dir: Path,
+) -> np.ndarray:
+    """bool per row of the parent's ``subgraphs``: whether the added and removed edges can change its
+    extraction, with the cosine relation score (``khop.py``). Exact on the safe side: every row it
+    passes extracts the same subgraph on the new version, because for each changed edge a - r -> b
+    read from a node a of the row (each direction in turn):
+
+    - a hub's stride sample moves when its slice changes, and a hop's ``candidate_cap`` cut moves
+      with the degrees before it: rows that expand a changed hub, or cut a hop that reads a changed
+      node, are extracted again;
+    - b in the row: its score or the induced edges change;
+    - b outside it, edge removed: b lost every hop already, and a lower score changes nothing;
+    - b outside it, edge added and a expanded at hop h < K: b now scores at least
+      w1 sim(q,b) + w2 parent(a) + w3 sim(q,r) at every later hop (the best edge term is carried), so it
+      enters only if that reaches the lowest kept score of a hop after h (``_hop_thresholds``).
+    """
+    cfg = config.expand
+    hops, cap, n = cfg.hops, cfg.neighbor_cap, kg.num_nodes
+    owner = segment_ids(subgraphs.node_ptr)
+    nodes = subgraphs.nodes.astype(np.int64)
+    hop = subgraphs.hop.astype(np.int64)
+    source = hop < hops
+    deg_new = np.diff(np.asarray(kg.indptr))
+    deg_old = np.zeros(n, np.int64)
+    deg_old[: parent_kg.num_nodes] = np.diff(np.asarray(parent_kg.indptr))
+    hub = (deg_new > cap) | (deg_old > cap)
+    changed = np.zeros(len(subgraphs), dtype=bool)
+    changed[owner[source & hub[nodes] & diff.touched[nodes]]] = True
+
+    cell = owner * hops + np.minimum(hop, hops - 1)
+    size = len(subgraphs) * hops
+    used = np.maximum(
+        np.bincount(cell[source], np.minimum(deg_old, cap)[nodes[source]], minlength=size),
+        np.bincount(cell[source], np.minimum(deg_new, cap)[nodes[source]], minlength=size),
+    )
+    reads_change = np.bincount(cell[source & diff.touched[nodes]], minlength=size) > 0
+    changed[(np.flatnonzero((used > cfg.candidate_cap) & reads_change)) // hops] = True
+
+    # Each changed edge as two half-edges (from a, to b), a's reading of it: out-edges keep the
+    # relation id, in-edges read it as r + R (the CSR's inverse ids; only added edges are scored).
+    add, rem = diff.added_edges, diff.removed_edges
+    anchor = np.concatenate([add[:, 0], add[:, 2], rem[:, 0], rem[:, 2]])
+    other = np.concatenate([add[:, 2], add[:, 0], rem[:, 2], rem[:, 0]])
+    relation = np.concatenate([add[:, 1], add[:, 1] + kg.num_relations, np.full(2 * len(rem), -1)])
+    order = np.argsort(anchor, kind="stable")
+    anchor, other, relation = anchor[order], other[order], relation[order]
+    lo = np.searchsorted(anchor, nodes, "left")
+    count = np.searchsorted(anchor, nodes, "right") - lo
+    entry = np.repeat(np.arange(len(nodes)), count)
+    half = ranges(lo[count > 0], count[count > 0])
+    row, b = owner[entry], other[half]
+    member = sorted_lookup(np.sort(owner * n + nodes), row * n + b)[0]
+    changed[row[member]] = True
+
+    test = np.flatnonzero(~member & (relation[half] >= 0) & source[entry] & ~hub[nodes[entry]] & ~changed[row])
+    if test.size:
+        node_rows = bfloat16.filter_features(features_dir)
+        query_rows = np.load(Path(features_dir) / "query.npy", mmap_mode="r")
+        relation_rows = np.load(Path(features_dir) / "relation.npy")
+        feature_row = np.searchsorted(np.load(Path(features_dir) / "query_ids.npy"), subgraphs.query_ids)
+        thresholds = _hop_thresholds(subgraphs, cfg)
+        w1, w2, w3 = cfg.weights
+        for lo_t in range(0, test.size, 65_536):
+            part = test[lo_t : lo_t + 65_536]
+            e, r = entry[part], row[part]
+            q = np.asarray(query_rows[feature_row[r]], dtype=np.float32)
+
+            def cosine(ids: np.ndarray) -> np.ndarray:
+                rows_ = np.asarray(node_rows[ids])
+                rows_ = bfloat16.from_bfloat16_bits(rows_) if rows_.dtype == np.uint16 else rows_.astype(np.float32)
+                return np.einsum("ij,ij->i", rows_, q)
+
+            parent = subgraphs.score[e] if cfg.parent_term == "score" else cosine(nodes[e])
+            score = w1 * cosine(b[part]) + w2 * parent + w3 * np.einsum("ij,ij->i", relation_rows[relation[half[part]]], q)
+            enters = score >= thresholds[r, hop[e] + 1] - EDGE_SCORE_MARGIN
+            changed[r[enters]] = True
+    return changed
+
+
 def subgraphs_to_recompute(
     kg: KnowledgeGraph,
     diff: VersionDiff,
@@ -740,12 +864,18 @@ def subgraphs_to_recompute(
     parent_subgraphs: SubgraphSet,
     seeds: np.ndarray,
     seeds_changed: np.ndarray,
+    parent_kg: KnowledgeGraph | None = None,
+    features_dir: Path | None = None,
 ) -> tuple[np.ndarray, dict[str, int]]:
     """Ids of the questions whose subgraphs can differ from the parent's (see the module's docstring),
-    and how many for each reason. ``seeds`` is [Q, k0] for ``diff.query_ids``."""
+    and how many for each reason. ``seeds`` is [Q, k0] for ``diff.query_ids``. With the cosine relation
+    score, the parent's dataset and the new features stage, changed edges are tested edge by edge
+    (``regions_changed_by_edges``) instead of by their endpoints."""
     changed = diff.changed_nodes
-    expanded_hit = diff.touched | changed | readers(kg, changed, config.expand.neighbor_cap)  # expanded: reads the change
-    any_hit = diff.touched | changed  # any node of the subgraph: its induced edges or its own score
+    by_edge = config.expand.relation_score == "cosine" and parent_kg is not None and features_dir is not None
+    touched = np.zeros_like(diff.touched) if by_edge else diff.touched
+    expanded_hit = touched | changed | readers(kg, changed, config.expand.neighbor_cap)  # expanded: reads the change
+    any_hit = touched | changed  # any node of the subgraph: its induced edges or its own score
     ids = diff.query_ids
     known = _rows_of(ids, parent_subgraphs.query_ids)
     fresh = ~diff.query_same | ~known
@@ -762,6 +892,8 @@ def subgraphs_to_recompute(
     )
     owner = segment_ids(parent_subgraphs.node_ptr)
     reached_parent = np.bincount(owner[hit], minlength=len(parent_subgraphs)) > 0
+    if by_edge:
+        reached_parent |= regions_changed_by_edges(kg, parent_kg, diff, config, parent_subgraphs, features_dir)
     reached = np.zeros(len(ids), dtype=bool)
     rows = np.searchsorted(parent_subgraphs.query_ids, ids[known])
     reached[known] = reached_parent[rows]

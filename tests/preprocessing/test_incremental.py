@@ -172,7 +172,7 @@ def update_run(dataset: Path, parent_out: Path, out: Path, config, refit_prior: 
     previous = SubgraphSet.read(parent_out / "subgraphs")
     ids = diff.query_ids
     if not refit_prior:
-        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded)
+        ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded, parent.dataset, out / "features")
         done["why"] = why
     if len(ids):
         table, _ = pp.expand_block(str(dataset), str(out), ids, to_dict(config))
@@ -320,6 +320,55 @@ def test_an_update_of_edges_only_embeds_nothing_and_equals_a_full_run(versions, 
     full_run(child, tmp_path / "full", config)
     write_top_manifest(tmp_path / "a2", child, open_dataset(child), config)
     assert_same_artifacts(tmp_path / "a2", tmp_path / "full")
+
+
+def random_edges_change(root: Path, parent: Path, seed: int, count: int) -> Path:
+    """A new version with ``count`` random triples removed and ``count`` added between random nodes."""
+    kg = open_dataset(parent)
+    rng = np.random.default_rng(seed)
+    names = kg.node_names.to_pylist()
+    rel_names = kg.relations.column("name").to_pylist()
+    edges = kg.table("edges")
+    triples = sorted(set(zip(*(edges.column(c).to_pylist() for c in ("src", "relation", "dst")))))
+    lines = ["head\trelation\ttail\top"]
+    for i in rng.choice(len(triples), count, replace=False).tolist():
+        s, r, d = triples[i]
+        lines.append(f"{names[s]}\t{rel_names[r]}\t{names[d]}\tremove")
+    existing, added = set(triples), 0
+    while added < count:
+        s, r, d = (
+            int(x) for x in (rng.integers(0, kg.num_nodes), rng.integers(0, len(rel_names)), rng.integers(0, kg.num_nodes))
+        )
+        if s != d and (s, r, d) not in existing:
+            existing.add((s, r, d))
+            lines.append(f"{names[s]}\t{rel_names[r]}\t{names[d]}\tadd")
+            added += 1
+    (root / f"edges-{seed}.tsv").write_text("\n".join(lines) + "\n")
+    update_dataset(parent, root / f"edges-{seed}", triples_path=root / f"edges-{seed}.tsv")
+    return root / f"edges-{seed}"
+
+
+def test_changed_edges_are_tested_one_by_one_and_the_update_still_equals_a_full_run(versions, tmp_path):
+    """With the cosine score each changed edge is tested against the kept scores of the regions that
+    read it, so fewer subgraphs are extracted again than by its endpoints alone; with hubs sampled
+    below their degree and a candidate cap that cuts some hops, every update still equals a full run."""
+    parent, _ = versions
+    config = config_for("dense", extra=("expand.neighbor_cap=12", "expand.candidate_cap=60"))
+    full_run(parent, tmp_path / "a1", config)
+    previous = SubgraphSet.read(tmp_path / "a1" / "subgraphs")
+    for seed in range(4):
+        child = random_edges_change(tmp_path, parent, seed, count=10)
+        done = update_run(child, tmp_path / "a1", tmp_path / f"update-{seed}", config)
+        full_run(child, tmp_path / f"full-{seed}", config)
+        kg = open_dataset(child)
+        write_top_manifest(tmp_path / f"update-{seed}", child, kg, config)
+        assert_same_artifacts(tmp_path / f"update-{seed}", tmp_path / f"full-{seed}")
+        diff = inc.diff_versions(open_dataset(parent), kg)
+        seeds, reseeded = inc.changed_seeds(
+            tmp_path / "a1" / "seeds" / "seeds.parquet", tmp_path / f"update-{seed}" / "seeds" / "seeds.parquet", diff, 2
+        )
+        by_endpoints, _ = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded)
+        assert 0 < done["subgraphs"]["recomputed"] < len(by_endpoints), (seed, done["subgraphs"], len(by_endpoints))
 
 
 def test_an_edges_only_update_keeps_the_ann_indexs_seeds_and_equals_a_full_run(versions, tmp_path):
