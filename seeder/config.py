@@ -201,8 +201,9 @@ class ExpandConfig(Section):
     keep_per_hop: list[int] = field(default_factory=lambda: [60, 140])
     """b_h: nodes kept at each hop by filter score (the total is capped by ``budget``)."""
     neighbor_cap: int = 1_000
-    """At most this many neighbours of one frontier node are scored (a fixed, seeded sample beyond
-    that), so a hub with 100K neighbours costs no more than this cap."""
+    """At most this many neighbours of one frontier node are scored (beyond that, a fixed sample: the
+    first entries of its CSR slice in edge-hash order), so a hub with 100K neighbours costs no more
+    than this cap."""
     candidate_cap: int = 20_000
     """At most this many candidate edges scored per hop and query."""
     weights: list[float] = field(default_factory=lambda: [1 / 3, 1 / 3, 1 / 3])
@@ -241,8 +242,8 @@ class PriorConfig(Section):
     (``wording_dim``) it can, and mixing costs accuracy (held-out top path a target on the 3-hop
     synthetic graph: 0.962 at 0, 0.916 at 0.5); set it for an order-blind prior (``wording_dim: 0``)."""
     neighbor_cap: int = 64
-    """Golden-path search: at most this many neighbours of one node are followed (a fixed-stride
-    sample beyond that), so a hub costs no more than the cap."""
+    """Golden-path search: at most this many neighbours of one node are followed (the sample of
+    ``paths.sampled_slices`` beyond that), so a hub costs no more than the cap."""
     path_cap: int = 256
     """Golden-path search: at most this many end nodes are kept per query and relation path (the
     smallest ids), which bounds the frontier; hit and reach counts are taken on these."""
@@ -631,7 +632,7 @@ class QuestionsConfig(Section):
     take every question."""
     neighbor_cap: int = 1_000
     """At most this many neighbours of one node are followed when a path's answers are collected (a
-    fixed-stride sample beyond it, as in K-HOP-WITH-FILTERING)."""
+    sample beyond it, K-HOP-WITH-FILTERING's: ``paths.sampled_slices``)."""
     holdout_fraction: float = 0.1
     """Share of the multi-hop relation paths never used for training questions, so that validation
     measures compositions the model has not seen."""

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from seeder.system.io import DataError, atomic_directory, fingerprint_file, fingerprint_json, now, read_manifest, write_manifest
 from seeder.system.storage import fetch
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: each CSR slice ordered by edge hash (``build_csr``); 1 had it in input order."""
 SPLITS = ("train", "val", "test")
 
 NODE_SCHEMA = pa.schema([("id", pa.int64()), ("type", pa.string()), ("name", pa.string()), ("text", pa.string())])
@@ -194,16 +195,33 @@ def validate_tables(
 # CSR adjacency
 
 
-def build_csr(num_nodes: int, num_relations: int, src: np.ndarray, dst: np.ndarray, rel: np.ndarray):
-    """CSR over both directions: (indptr int64 [N+1], neighbors int32 [2E], relations int32 [2E]).
+def edge_hashes(heads: np.ndarray, tails: np.ndarray, rels: np.ndarray) -> np.ndarray:
+    """uint32 per CSR entry (node, neighbour, relation id): a fixed mix of the three (splitmix64's
+    finaliser), the same in every version of a dataset and on every machine."""
+    x = heads.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= tails.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
+    x ^= rels.astype(np.uint64) * np.uint64(0x165667B19E3779F9)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return (x >> np.uint64(32)).astype(np.uint32)
 
-    Each node's out-edges come first (relation r), then its in-edges (relation r + R), each group in
-    input order: the sort is stable, so the layout is deterministic.
+
+def build_csr(num_nodes: int, num_relations: int, src: np.ndarray, dst: np.ndarray, rel: np.ndarray):
+    """CSR over both directions: (indptr int64 [N+1], neighbors int32 [2E], relations int32 [2E]); an
+    out-edge keeps its relation r, an in-edge reads r + R.
+
+    Each node's slice is ordered by ``edge_hashes`` (ties in input order), so the first ``cap`` entries
+    of a slice are a uniform sample of it, which every capped reader takes (``paths.sampled_slices``).
+    Unlike a stride over the slice, that sample moves only when an edge inside it is added or removed:
+    a changed graph keeps its hubs' samples, and an update re-extracts few regions through a hub.
     """
     heads = np.concatenate([src, dst])
     tails = np.concatenate([dst, src]).astype(np.int32, copy=False)
     rels = np.concatenate([rel, rel + num_relations]).astype(np.int32, copy=False)
-    order = np.argsort(heads, kind="stable")
+    order = np.argsort((heads.astype(np.uint64) << np.uint64(32)) | edge_hashes(heads, tails, rels), kind="stable")
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(heads, minlength=num_nodes), out=indptr[1:])
     return indptr, tails[order], rels[order]

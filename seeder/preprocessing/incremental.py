@@ -698,7 +698,7 @@ def _neighbours(kg: KnowledgeGraph, mask: np.ndarray) -> np.ndarray:
 
 def _sampled_edges(kg: KnowledgeGraph, cap: int) -> tuple[np.ndarray, np.ndarray]:
     """(source, target) of every edge a capped search reads: of a node with more than ``cap``
-    neighbours, only the fixed-stride sample that expansion and the path search take (``sampled_slices``)."""
+    neighbours, only the sample that expansion and the path search take (``sampled_slices``)."""
     pos, owner = sampled_slices(np.asarray(kg.indptr), np.arange(kg.num_nodes, dtype=np.int64), cap)
     return owner, np.asarray(kg.neighbors)[pos]
 
@@ -772,6 +772,16 @@ def _hop_thresholds(subgraphs: SubgraphSet, cfg) -> np.ndarray:
     return out
 
 
+def _read_entries(kg: KnowledgeGraph, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(node index, neighbour, base relation, direction) of each CSR entry that expansion reads of
+    ``nodes`` in ``kg``: the sample of at most ``cap`` (``sampled_slices``). Nodes past ``kg``'s read none."""
+    nodes = nodes[nodes < kg.num_nodes]
+    pos, owner = sampled_slices(np.asarray(kg.indptr), nodes, cap)
+    rel = np.asarray(kg.edge_relations)[pos].astype(np.int64)
+    inverse = rel >= kg.num_relations
+    return nodes[owner], np.asarray(kg.neighbors)[pos].astype(np.int64), rel - inverse * kg.num_relations, inverse
+
+
 def regions_changed_by_edges(
     kg: KnowledgeGraph,
     parent_kg: KnowledgeGraph,
@@ -782,20 +792,20 @@ def regions_changed_by_edges(
 ) -> np.ndarray:
     """bool per row of the parent's ``subgraphs``: whether the added and removed edges can change its
     extraction, with the cosine relation score (``khop.py``). Exact on the safe side: every row it
-    passes extracts the same subgraph on the new version, because for each changed edge a - r -> b
-    read from a node a of the row (each direction in turn):
+    passes extracts the same subgraph on the new version. What a node a reads is its sample (its
+    slice's first ``neighbor_cap`` entries), so each entry a - r -> b that entered or left the sample
+    of a node a expanded at hop h < K is tested, and each added or removed edge for the induced edges:
 
-    - a hub's stride sample moves when its slice changes, and a hop's ``candidate_cap`` cut moves
-      with the degrees before it: rows that expand a changed hub, or cut a hop that reads a changed
-      node, are extracted again;
     - b in the row: its score or the induced edges change;
-    - b outside it, edge removed: b lost every hop already, and a lower score changes nothing;
-    - b outside it, edge added and a expanded at hop h < K: b now scores at least
-      w1 sim(q,b) + w2 parent(a) + w3 sim(q,r) at every later hop (the best edge term is carried), so it
-      enters only if that reaches the lowest kept score of a hop after h (``_hop_thresholds``).
+    - b outside it, entry left: b lost every hop already, and a lower score changes nothing;
+    - b outside it, entry entered: b now scores at least w1 sim(q,b) + w2 parent(a) + w3 sim(q,r) at
+      every later hop (the best edge term is carried), so it enters only if that reaches the lowest
+      kept score of a hop after h (``_hop_thresholds``);
+    - a hop's ``candidate_cap`` cut moves with the degrees before it: a row whose hop is cut and reads
+      a changed node is extracted again.
     """
     cfg = config.expand
-    hops, cap, n = cfg.hops, cfg.neighbor_cap, kg.num_nodes
+    hops, cap, n, r_new = cfg.hops, cfg.neighbor_cap, kg.num_nodes, kg.num_relations
     owner = segment_ids(subgraphs.node_ptr)
     nodes = subgraphs.nodes.astype(np.int64)
     hop = subgraphs.hop.astype(np.int64)
@@ -803,9 +813,7 @@ def regions_changed_by_edges(
     deg_new = np.diff(np.asarray(kg.indptr))
     deg_old = np.zeros(n, np.int64)
     deg_old[: parent_kg.num_nodes] = np.diff(np.asarray(parent_kg.indptr))
-    hub = (deg_new > cap) | (deg_old > cap)
     changed = np.zeros(len(subgraphs), dtype=bool)
-    changed[owner[source & hub[nodes] & diff.touched[nodes]]] = True
 
     cell = owner * hops + np.minimum(hop, hops - 1)
     size = len(subgraphs) * hops
@@ -816,23 +824,36 @@ def regions_changed_by_edges(
     reads_change = np.bincount(cell[source & diff.touched[nodes]], minlength=size) > 0
     changed[(np.flatnonzero((used > cfg.candidate_cap) & reads_change)) // hops] = True
 
-    # Each changed edge as two half-edges (from a, to b), a's reading of it: out-edges keep the
-    # relation id, in-edges read it as r + R (the CSR's inverse ids; only added edges are scored).
+    # What the touched nodes read before and after: entries that entered or left their samples.
+    touched = np.flatnonzero(diff.touched)
+    width = 2 * max(r_new, parent_kg.num_relations, 1)
+    if n * n * width >= 2**62:
+        raise DataError(f"{n:,} nodes and {width // 2:,} relations: sample entry keys would overflow int64")
+    old, new = _read_entries(parent_kg, touched, cap), _read_entries(kg, touched, cap)
+    old_keys, new_keys = ((a * n + b) * width + 2 * rel + inv for a, b, rel, inv in (old, new))
+    entered = ~np.isin(new_keys, old_keys)
+    left = ~np.isin(old_keys, new_keys)
+    # Half-edges (anchor a, other b, the CSR relation id a reads, kind): 0 an added or removed edge
+    # (induced edges: any a of the row), 1 an entry that left a sample, 2 one that entered it (a expanded).
     add, rem = diff.added_edges, diff.removed_edges
-    anchor = np.concatenate([add[:, 0], add[:, 2], rem[:, 0], rem[:, 2]])
-    other = np.concatenate([add[:, 2], add[:, 0], rem[:, 2], rem[:, 0]])
-    relation = np.concatenate([add[:, 1], add[:, 1] + kg.num_relations, np.full(2 * len(rem), -1)])
+    ends = np.concatenate([add, rem])
+    anchor = np.concatenate([ends[:, 0], ends[:, 2], old[0][left], new[0][entered]])
+    other = np.concatenate([ends[:, 2], ends[:, 0], old[1][left], new[1][entered]])
+    relation = np.concatenate([np.full(2 * len(ends) + int(left.sum()), -1), new[2][entered] + new[3][entered] * r_new])
+    kind = np.repeat([0, 1, 2], [2 * len(ends), int(left.sum()), int(entered.sum())])
     order = np.argsort(anchor, kind="stable")
-    anchor, other, relation = anchor[order], other[order], relation[order]
+    anchor, other, relation, kind = anchor[order], other[order], relation[order], kind[order]
     lo = np.searchsorted(anchor, nodes, "left")
     count = np.searchsorted(anchor, nodes, "right") - lo
     entry = np.repeat(np.arange(len(nodes)), count)
     half = ranges(lo[count > 0], count[count > 0])
+    read = (kind[half] == 0) | source[entry]
+    entry, half = entry[read], half[read]
     row, b = owner[entry], other[half]
     member = sorted_lookup(np.sort(owner * n + nodes), row * n + b)[0]
     changed[row[member]] = True
 
-    test = np.flatnonzero(~member & (relation[half] >= 0) & source[entry] & ~hub[nodes[entry]] & ~changed[row])
+    test = np.flatnonzero(~member & (kind[half] == 2) & ~changed[row])
     if test.size:
         node_rows = bfloat16.filter_features(features_dir)
         query_rows = np.load(Path(features_dir) / "query.npy", mmap_mode="r")

@@ -16,12 +16,12 @@ compiled pass per query over its selected nodes.
 
 Work caps, so that a hub costs no more than the cap:
 
-- ``neighbor_cap``: of a node with more neighbours, a fixed-stride sample is scored: positions
-  ``floor(j * degree / neighbor_cap)`` for ``j < neighbor_cap`` within its CSR slice (out-edges
-  first, then in-edges, as stored). Deterministic and spread over the whole slice.
+- ``neighbor_cap``: of a node with more neighbours, a sample is scored: the first ``neighbor_cap``
+  entries of its CSR slice, which ``build_csr`` orders by a hash of each edge. Deterministic, uniform
+  over the slice, and moved by an added or removed edge only when that edge lies inside it.
 - ``candidate_cap``: per hop and query, edges are taken from the best source nodes first (sources
   in selection order) until the cap, so the weakest sources lose edges first; a source cut short
-  keeps a prefix of its stride sample.
+  keeps a prefix of its sample.
 
 The max over the selected set is kept exact across hops without re-reading old sources: candidates
 not selected at hop h carry their best edge term to hop h+1, where only edges out of the nodes
@@ -35,7 +35,7 @@ edges tied at its best term the smallest trie node names its path.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,7 +45,6 @@ from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.dense import dense_ranking, ranking_length
 from seeder.retrieve.khop_kernels import expand_hops, induced_edges_kernel
-from seeder.retrieve.paths import sampled_slices
 from seeder.retrieve.prior import OFF_PATH_TERM, seed_relation_profile
 from seeder.retrieve.registry import register
 from seeder.retrieve.wording import seed_names
@@ -81,19 +80,6 @@ class GraphIndex:
     heavy_mask: np.ndarray  # bool [N]
     heavy_keys: np.ndarray  # int64, sorted
     heavy_rel: np.ndarray  # int32, relation of each heavy_keys entry
-    samples: dict = field(default_factory=dict, repr=False)  # neighbor_cap -> capped_samples(neighbor_cap)
-
-    def capped_samples(self, neighbor_cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, neighbours [H * cap], relations [H * cap]) of the H nodes whose degree exceeds
-        ``neighbor_cap``: the fixed-stride sample a hop takes of such a node's slice, stored contiguously
-        (built once per cap). On a large graph a hub's sample is cap scattered entries of its slice, a
-        cache line each (at 1M nodes its 1,000 of 100K neighbours lie 400 bytes apart); copied together
-        they are 4 KB, which stay cached from one query to the next."""
-        if neighbor_cap not in self.samples:
-            ids = np.flatnonzero(np.diff(self.indptr) > neighbor_cap).astype(np.int64)
-            pos, _ = sampled_slices(self.indptr, ids, neighbor_cap)  # cap positions per node, node after node
-            self.samples[neighbor_cap] = (ids, np.asarray(self.neighbors)[pos], np.asarray(self.relations)[pos])
-        return self.samples[neighbor_cap]
 
     @classmethod
     def build(cls, kg, heavy_degree: int = HEAVY_DEGREE) -> "GraphIndex":
@@ -207,14 +193,10 @@ def expand_batch(
     else:
         path_terms = end_terms = np.zeros((0, 0), np.float32)
         trie_children = np.zeros((0, 0), np.int64)
-    sampled_ids, sampled_neighbors, sampled_relations = graph.capped_samples(cfg.neighbor_cap)
     counts, nodes, hop, score, path_end = expand_hops(
         _frozen(graph.indptr),
         _frozen(graph.neighbors),
         _frozen(graph.relations),
-        _frozen(sampled_ids),
-        _frozen(sampled_neighbors),
-        _frozen(sampled_relations),
         _frozen(node_features),
         query_features,
         seeds,

@@ -233,9 +233,6 @@ def expand_hops(
     indptr: np.ndarray,
     neighbors: np.ndarray,
     relations: np.ndarray,
-    sampled_ids: np.ndarray,
-    sampled_neighbors: np.ndarray,
-    sampled_relations: np.ndarray,
     node_features: np.ndarray,
     query_features: np.ndarray,
     seeds: np.ndarray,
@@ -255,9 +252,8 @@ def expand_hops(
     """Seeds and hops 1..K of K-HOP-WITH-FILTERING (paper, Section 3) for every query of a batch.
 
     Inputs as in ``seeder.retrieve.khop.expand_batch``: CSR ``indptr``/``neighbors``/``relations``
-    (both directions), ``GraphIndex.capped_samples(neighbor_cap)`` (the stride samples of the nodes whose
-    degree exceeds the cap, contiguous), features [N, d] (read in place; float32, or bfloat16 bits as
-    uint16), float32 query features [Qb, d], int64 seeds
+    (both directions; a node's first ``neighbor_cap`` entries are its sample), features [N, d] (read in
+    place; float32, or bfloat16 bits as uint16), float32 query features [Qb, d], int64 seeds
     [Qb, k0] (-1 padding), ``weights`` float32 (w1, w2, w3). With ``learned`` False the w3 term is
     sim(q, r) of ``relation_features`` [2R, d]; with it True, it is ``path_terms`` [Qb, T] at
     ``trie_children`` [T, 2R] of the source's trie node (``off_path_term`` off the trie), and
@@ -364,8 +360,8 @@ def expand_hops(
                 mask = _reset_table(table, slot_node, count, count + incoming, _HOP_SPREAD)
 
             # The new sources' capped edges and their w2 * parent + w3 * relation terms, gathered
-            # first: this loop has no data-dependent branch, so the reads of a hub's stride sample
-            # (a cache line per edge) overlap instead of waiting behind mispredicted table probes.
+            # first: this loop has no data-dependent branch, so the reads of many sources' slices
+            # overlap instead of waiting behind mispredicted table probes.
             num_edges = 0
             used = 0
             for i in range(src_lo, src_hi):
@@ -381,13 +377,9 @@ def expand_hops(
                 used += sample
                 parent = w2 * out_parent[i]
                 parent_trie = out_trie[i]
-                edge_ids, edge_relations, first = neighbors, relations, start
-                if sample < degree:  # its fixed-stride sample over the whole slice, stored contiguously
-                    edge_ids, edge_relations = sampled_neighbors, sampled_relations
-                    first = np.searchsorted(sampled_ids, v) * neighbor_cap
-                for j in range(take):
-                    r = edge_relations[first + j]
-                    edge_node[num_edges] = edge_ids[first + j]
+                for j in range(take):  # a hub's sample is its slice's first entries (edge-hash order)
+                    r = relations[start + j]
+                    edge_node[num_edges] = neighbors[start + j]
                     if learned:
                         child = trie_children[parent_trie, r] if parent_trie >= 0 else -1
                         term = path_terms[q, child] if child >= 0 else off_path_term

@@ -13,8 +13,8 @@ in [(2R)^l, 2 (2R)^l)), the parent path is ``code // 2R`` and the last relation 
 
 Work caps, so that a hub costs no more than the cap:
 
-- ``neighbor_cap``: of a node with more neighbours, a fixed-stride sample of its CSR slice is followed
-  (the same rule as K-HOP-WITH-FILTERING's);
+- ``neighbor_cap``: of a node with more neighbours, a sample of its CSR slice is followed (its first
+  ``neighbor_cap`` entries in edge-hash order, K-HOP-WITH-FILTERING's rule: ``sampled_slices``);
 - ``path_cap``: per query and path, at most this many end nodes (the smallest ids) go on to the next
   hop and are counted.
 
@@ -85,14 +85,13 @@ def describe(code: int, relation_names: list[str]) -> str:
 
 
 def sampled_slices(indptr: np.ndarray, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR positions of each node's slice, a fixed-stride sample of at most ``cap`` per node
-    (positions ``floor(j * degree / cap)``, K-HOP-WITH-FILTERING's rule), and the node index of each."""
+    """CSR positions of a sample of at most ``cap`` entries of each node's slice, and the node index of
+    each: the slice's first ``cap`` entries, which ``build_csr`` orders by edge hash (a uniform sample
+    that an added or removed edge moves only when it lies inside it). K-HOP-WITH-FILTERING's rule."""
     start = np.asarray(indptr[nodes], dtype=np.int64)
-    degree = np.asarray(indptr[nodes + 1], dtype=np.int64) - start
-    sample = np.minimum(degree, cap)
+    sample = np.minimum(np.asarray(indptr[nodes + 1], dtype=np.int64) - start, cap)
     owner = np.repeat(np.arange(len(nodes)), sample)
-    j = positions_within(sample)
-    return start[owner] + (j * degree[owner]) // np.maximum(sample[owner], 1), owner
+    return start[owner] + positions_within(sample), owner
 
 
 def first_of_runs(*sorted_columns: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ def _without_first_backtrack(code: np.ndarray, num_relation_ids: int) -> np.ndar
 
 
 SEED_SAMPLE = 1024
-"""At most this many CSR entries of one seed are read for its relation profile (a fixed-stride sample)."""
+"""At most this many CSR entries of one seed are read for its relation profile (its sample, ``paths.sampled_slices``)."""
 
 
 def seed_relation_profile(indptr: np.ndarray, relations: np.ndarray, seeds: np.ndarray, num_relation_ids: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from seeder.data.store import build_csr, open_dataset, summarize, validate_tables, write_dataset
+from seeder.data.store import build_csr, edge_hashes, open_dataset, summarize, validate_tables, write_dataset
 from seeder.system.io import DataError, read_manifest
 
 
@@ -49,7 +49,34 @@ def test_csr_matches_brute_force_on_a_random_multigraph():
         expected = [(int(dst[i]), int(rel[i])) for i in range(e) if src[i] == u]
         expected += [(int(src[i]), int(rel[i]) + r) for i in range(e) if dst[i] == u]
         got = list(zip(nbrs[indptr[u] : indptr[u + 1]].tolist(), rels[indptr[u] : indptr[u + 1]].tolist()))
-        assert got == expected, u  # out-edges first, then in-edges, each in input order
+        assert sorted(got) == sorted(expected), u
+        order = edge_hashes(np.full(len(got), u), nbrs[indptr[u] : indptr[u + 1]], rels[indptr[u] : indptr[u + 1]])
+        assert np.all(order[1:] >= order[:-1]), u  # each slice in edge-hash order
+
+
+def test_a_hubs_sample_moves_only_where_an_edge_inside_it_changes():
+    """The first ``cap`` entries of a slice are its sample (``sampled_slices``). Adding or removing an
+    edge outside them leaves them as they were; one inside them swaps one entry, not the rest."""
+    rng = np.random.default_rng(3)
+    leaves, cap = 2_000, 100
+    src, dst, rel = np.zeros(leaves, np.int64), np.arange(1, leaves + 1), np.zeros(leaves, np.int64)
+    n = leaves + 200
+    before = build_csr(n, 1, src, dst, rel)[1][:cap].tolist()
+    seen = set()
+    for extra in range(leaves + 1, n):  # new leaves of the hub until one lands inside its sample
+        grown = build_csr(n, 1, np.append(src, 0), np.append(dst, extra), np.append(rel, 0))[1][:cap].tolist()
+        inside = extra in grown
+        assert len(set(grown) ^ set(before)) == (2 if inside else 0)
+        seen.add(inside)
+        if seen == {True, False}:
+            break
+    assert seen == {True, False}
+    keep = np.ones(leaves, bool)
+    keep[rng.choice(np.flatnonzero(~np.isin(dst, before)), 500, replace=False)] = False
+    assert build_csr(n, 1, src[keep], dst[keep], rel[keep])[1][:cap].tolist() == before
+    keep[np.flatnonzero(dst == before[7])] = False
+    shrunk = build_csr(n, 1, src[keep], dst[keep], rel[keep])[1][:cap].tolist()
+    assert len(set(shrunk) ^ set(before)) == 2 and before[7] not in shrunk
 
 
 def test_write_reopen_and_read_back(tmp_path):
