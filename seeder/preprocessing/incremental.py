@@ -130,6 +130,51 @@ def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, 
     return same
 
 
+SLICE_CHUNK = 1 << 23
+"""CSR entries compared at a time by ``changed_edges`` (a few hundred MB of positions at most)."""
+
+
+def _out_edges(kg: KnowledgeGraph, nodes: np.ndarray) -> np.ndarray:
+    """(src, relation, dst) of the out-edges of ``nodes`` (ids of ``kg``), read from its CSR."""
+    indptr = np.asarray(kg.indptr)
+    pos, owner = ranges(indptr[nodes], np.diff(indptr)[nodes]), np.repeat(nodes, np.diff(indptr)[nodes])
+    rel = np.asarray(kg.edge_relations)[pos].astype(np.int64)
+    out = rel < kg.num_relations
+    return np.stack([owner[out].astype(np.int64), rel[out], np.asarray(kg.neighbors)[pos[out]].astype(np.int64)], axis=1)
+
+
+def changed_edges(parent: KnowledgeGraph, kg: KnowledgeGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(added, removed) edges from ``parent`` to ``kg``, each [E, 3] (src, relation, dst), from their CSRs.
+
+    ``build_csr`` orders a slice by its entries alone, so a node whose slice has the same degree and the
+    same entries, position by position, has the same edges: one comparison over the arrays finds the
+    few nodes whose edges changed, and only their out-edges are matched as sets (no pass over the
+    edges tables, no sort of every edge)."""
+    n, n_old, r, r_old = kg.num_nodes, parent.num_nodes, kg.num_relations, parent.num_relations
+    ip_new, ip_old = np.asarray(kg.indptr), np.asarray(parent.indptr)
+    nb_new, nb_old = np.asarray(kg.neighbors), np.asarray(parent.neighbors)
+    rel_new, rel_old = np.asarray(kg.edge_relations), np.asarray(parent.edge_relations)
+    deg_old = np.diff(ip_old)
+    same = deg_old == np.diff(ip_new)[:n_old]
+    changed = np.zeros(n, dtype=bool)
+    changed[:n_old] = ~same
+    changed[n_old:] = np.diff(ip_new)[n_old:] > 0
+    nodes = np.flatnonzero(same & (deg_old > 0))
+    entries = np.cumsum(deg_old[nodes])
+    for part in np.split(nodes, np.searchsorted(entries, np.arange(SLICE_CHUNK, entries[-1] if len(nodes) else 0, SLICE_CHUNK))):
+        old_pos, new_pos = ranges(ip_old[part], deg_old[part]), ranges(ip_new[part], deg_old[part])
+        old_rel = rel_old[old_pos].astype(np.int64)
+        old_rel += np.where(old_rel >= r_old, r - r_old, 0)  # inverse ids as the new version numbers them
+        differs = (nb_old[old_pos] != nb_new[new_pos]) | (old_rel != rel_new[new_pos])
+        changed[np.repeat(part, deg_old[part])[differs]] = True
+    touched = np.flatnonzero(changed)
+    old = _out_edges(parent, touched[touched < n_old])
+    new = _out_edges(kg, touched)
+    width_r = max(r, r_old)
+    old_keys, new_keys = (edge_keys(e[:, 0], e[:, 1], e[:, 2], n, width_r) for e in (old, new))
+    return new[~isin_sorted(new_keys, old_keys)], old[~isin_sorted(old_keys, new_keys)]
+
+
 def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
     """Compare a dataset version with its parent row by row (ids are stable across versions)."""
     n, n_parent = kg.num_nodes, parent.num_nodes
@@ -166,24 +211,7 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
     same_answers[matched] = _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, matched, q_rows[matched])
     query_same = same_q_text & same_split & same_answers
 
-    width_n, width_r = n, max(r, r_parent)
-    new_e, old_e = kg.table("edges"), parent.table("edges")
-    new_keys = edge_keys(
-        new_e.column("src").to_numpy(), new_e.column("relation").to_numpy(), new_e.column("dst").to_numpy(), width_n, width_r
-    )
-    old_src, old_dst = old_e.column("src").to_numpy(), old_e.column("dst").to_numpy()
-    old_keys = edge_keys(old_src, old_e.column("relation").to_numpy(), old_dst, width_n, width_r)
-    added = ~isin_sorted(new_keys, old_keys)
-    removed = ~isin_sorted(old_keys, new_keys)
-    added_edges = np.stack([new_e.column(c).to_numpy()[added].astype(np.int64) for c in ("src", "relation", "dst")], axis=1)
-    removed_edges = np.stack(
-        [
-            old_src[removed].astype(np.int64),
-            old_e.column("relation").to_numpy()[removed].astype(np.int64),
-            old_dst[removed].astype(np.int64),
-        ],
-        axis=1,
-    )
+    added_edges, removed_edges = changed_edges(parent, kg)
     touched = np.zeros(n, dtype=bool)
     touched[added_edges[:, [0, 2]].ravel()] = True
     touched[removed_edges[:, [0, 2]].ravel()] = True
@@ -192,8 +220,8 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
         "relations_changed": int((relation_source < 0).sum()),
         "queries_changed": int((~query_same).sum()),
         "queries_removed": int(len(old_ids) - found.sum()),
-        "edges_added": int(added.sum()),
-        "edges_removed": int(removed.sum()),
+        "edges_added": len(added_edges),
+        "edges_removed": len(removed_edges),
         "nodes_touched": int(touched.sum()),
     }
     return VersionDiff(
@@ -429,32 +457,36 @@ def write_features(
         shutil.copyfile(parent_features / "pca.npz", out / "pca.npz")
     parent_nodes = np.load(parent_features / "node.npy", mmap_mode="r")
     width = parent_nodes.shape[1]
-    nodes = np.lib.format.open_memmap(out / "node.npy", mode="w+", dtype=np.float32, shape=(n, width))
-    step = 1 << 18
-    for lo in range(0, len(parent_nodes), step):  # a block copy: at most a few steps per million rows
-        hi = min(lo + step, len(parent_nodes))
-        nodes[lo:hi] = parent_nodes[lo:hi]
     changed = np.flatnonzero(diff.node_source < 0)
-    if changed.size:
-        emb = _embedding_rows(embed_dir / "nodes", np.arange(n, dtype=np.int64), changed, shard_rows)
-        with intra_op_threads(1):
-            nodes[changed] = apply_pca(emb, pca)
-    nodes.flush()
-    del nodes
-    if copy:
-        bfloat16.write_copy(out)
+    if changed.size == 0 and n == len(parent_nodes):  # every row the parent's: its files, linked
+        for name in ("node.npy", *([bfloat16.FILE_NAME] if copy else [])):
+            _link_or_copy(parent_features / name, out / name)
+    else:
+        nodes = np.lib.format.open_memmap(out / "node.npy", mode="w+", dtype=np.float32, shape=(n, width))
+        step = 1 << 18
+        for lo in range(0, len(parent_nodes), step):  # a block copy: at most a few steps per million rows
+            hi = min(lo + step, len(parent_nodes))
+            nodes[lo:hi] = parent_nodes[lo:hi]
+        if changed.size:
+            emb = _embedding_rows(embed_dir / "nodes", np.arange(n, dtype=np.int64), changed, shard_rows)
+            with intra_op_threads(1):
+                nodes[changed] = apply_pca(emb, pca)
+        nodes.flush()
+        del nodes
+        if copy:
+            bfloat16.write_copy(out)
     relations = np.load(embed_dir / "relations.npy")
     queries = pp.read_embeddings(embed_dir / "queries", diff.query_ids)
-    with intra_op_threads(1):
-        # Unchanged rows keep the parent's bits, so that rows kept downstream read what they were built on.
-        for name, embedded, source in (("relation", relations, diff.relation_source), ("query", queries, diff.query_source)):
-            parent_rows = np.load(parent_features / f"{name}.npy", mmap_mode="r")
-            rows = np.zeros((len(source), width), np.float32)
-            keep = source >= 0
-            rows[keep] = parent_rows[source[keep]]
-            if (~keep).any():
+    # Unchanged rows keep the parent's bits, so that rows kept downstream read what they were built on.
+    for name, embedded, source in (("relation", relations, diff.relation_source), ("query", queries, diff.query_source)):
+        parent_rows = np.load(parent_features / f"{name}.npy", mmap_mode="r")
+        rows = np.zeros((len(source), width), np.float32)
+        keep = source >= 0
+        rows[keep] = parent_rows[source[keep]]
+        if (~keep).any():
+            with intra_op_threads(1):
                 rows[~keep] = apply_pca(embedded[~keep], pca)
-            np.save(out / f"{name}.npy", rows)
+        np.save(out / f"{name}.npy", rows)
     np.save(out / "query_ids.npy", diff.query_ids)
     parent_info = (read_manifest(parent_features) or {}).get("info", {})
     return {
@@ -831,8 +863,8 @@ def regions_changed_by_edges(
         raise DataError(f"{n:,} nodes and {width // 2:,} relations: sample entry keys would overflow int64")
     old, new = _read_entries(parent_kg, touched, cap), _read_entries(kg, touched, cap)
     old_keys, new_keys = ((a * n + b) * width + 2 * rel + inv for a, b, rel, inv in (old, new))
-    entered = ~np.isin(new_keys, old_keys)
-    left = ~np.isin(old_keys, new_keys)
+    entered = ~isin_sorted(new_keys, old_keys)
+    left = ~isin_sorted(old_keys, new_keys)
     # Half-edges (anchor a, other b, the CSR relation id a reads, kind): 0 an added or removed edge
     # (induced edges: any a of the row), 1 an entry that left a sample, 2 one that entered it (a expanded).
     add, rem = diff.added_edges, diff.removed_edges
@@ -843,9 +875,10 @@ def regions_changed_by_edges(
     kind = np.repeat([0, 1, 2], [2 * len(ends), int(left.sum()), int(entered.sum())])
     order = np.argsort(anchor, kind="stable")
     anchor, other, relation, kind = anchor[order], other[order], relation[order], kind[order]
-    lo = np.searchsorted(anchor, nodes, "left")
-    count = np.searchsorted(anchor, nodes, "right") - lo
-    entry = np.repeat(np.arange(len(nodes)), count)
+    at = np.flatnonzero(diff.touched[nodes])  # every anchor is an endpoint of a changed edge
+    lo = np.searchsorted(anchor, nodes[at], "left")
+    count = np.searchsorted(anchor, nodes[at], "right") - lo
+    entry = np.repeat(at, count)
     half = ranges(lo[count > 0], count[count > 0])
     read = (kind[half] == 0) | source[entry]
     entry, half = entry[read], half[read]
@@ -895,7 +928,9 @@ def subgraphs_to_recompute(
     changed = diff.changed_nodes
     by_edge = config.expand.relation_score == "cosine" and parent_kg is not None and features_dir is not None
     touched = np.zeros_like(diff.touched) if by_edge else diff.touched
-    expanded_hit = touched | changed | readers(kg, changed, config.expand.neighbor_cap)  # expanded: reads the change
+    expanded_hit = touched | changed  # expanded: reads the change
+    if changed.any():
+        expanded_hit |= readers(kg, changed, config.expand.neighbor_cap)
     any_hit = touched | changed  # any node of the subgraph: its induced edges or its own score
     ids = diff.query_ids
     known = _rows_of(ids, parent_subgraphs.query_ids)

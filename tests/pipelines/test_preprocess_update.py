@@ -49,9 +49,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_an_update_killed_and_resumed_equals_a_full_run(runs):
-    """Killed on Ray (``--in-process-below 0``) in its subgraphs stage, then resumed in this process (a
+    """Killed on Ray (``--in-process-below 0 --update-in-process-below 0``) in its subgraphs stage, then resumed in this process (a
     tiny graph's default): both ways of running an update's stages, and the result equals a full run."""
-    on_ray = ["--in-process-below", "0", "--update", str(runs["a1"])]
+    on_ray = ["--in-process-below", "0", "--update-in-process-below", "0", "--update", str(runs["a1"])]
     killed = preprocess(runs["child"], runs["a2"], *on_ray, env=_env(**{TEST_STOP_ENV: "subgraphs:1"}))
     assert killed.returncode != 0 and (runs["a2"] / "seeds" / "manifest.json").exists()
     assert "every stage runs in this process" not in killed.stdout

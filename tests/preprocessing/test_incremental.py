@@ -310,6 +310,21 @@ def edges_only_change(root: Path, parent: Path, new_relation: bool = False) -> P
     return root / "v3"
 
 
+def test_changed_edges_read_from_the_two_csrs_are_the_edges_tables_difference(versions, tmp_path):
+    """``changed_edges`` compares the CSRs slice by slice; it must find exactly the set difference of
+    the two edges tables, also when a new relation shifts every inverse relation id."""
+    parent, child = versions
+    for new in (child, edges_only_change(tmp_path, parent, new_relation=True)):
+        old_kg, new_kg = open_dataset(parent), open_dataset(new)
+        triples = [
+            set(zip(*(kg.table("edges").column(c).to_pylist() for c in ("src", "relation", "dst")))) for kg in (old_kg, new_kg)
+        ]
+        added, removed = inc.changed_edges(old_kg, new_kg)
+        assert {tuple(e) for e in added.tolist()} == triples[1] - triples[0]
+        assert {tuple(e) for e in removed.tolist()} == triples[0] - triples[1]
+        assert len(added) and len(removed)
+
+
 def test_an_update_of_edges_only_embeds_nothing_and_equals_a_full_run(versions, tmp_path):
     parent, _ = versions
     child = edges_only_change(tmp_path, parent)
