@@ -149,24 +149,26 @@ def changed_edges(parent: KnowledgeGraph, kg: KnowledgeGraph) -> tuple[np.ndarra
     ``build_csr`` orders a slice by its entries alone, so a node whose slice has the same degree and the
     same entries, position by position, has the same edges: one comparison over the arrays finds the
     few nodes whose edges changed, and only their out-edges are matched as sets (no pass over the
-    edges tables, no sort of every edge)."""
+    edges tables, no sort of every edge). A node whose degree changed counts as changed whatever its
+    entries compare to."""
     n, n_old, r, r_old = kg.num_nodes, parent.num_nodes, kg.num_relations, parent.num_relations
     ip_new, ip_old = np.asarray(kg.indptr), np.asarray(parent.indptr)
     nb_new, nb_old = np.asarray(kg.neighbors), np.asarray(parent.neighbors)
     rel_new, rel_old = np.asarray(kg.edge_relations), np.asarray(parent.edge_relations)
     deg_old = np.diff(ip_old)
-    same = deg_old == np.diff(ip_new)[:n_old]
     changed = np.zeros(n, dtype=bool)
-    changed[:n_old] = ~same
+    changed[:n_old] = deg_old != np.diff(ip_new)[:n_old]
     changed[n_old:] = np.diff(ip_new)[n_old:] > 0
-    nodes = np.flatnonzero(same & (deg_old > 0))
-    entries = np.cumsum(deg_old[nodes])
-    for part in np.split(nodes, np.searchsorted(entries, np.arange(SLICE_CHUNK, entries[-1] if len(nodes) else 0, SLICE_CHUNK))):
-        old_pos, new_pos = ranges(ip_old[part], deg_old[part]), ranges(ip_new[part], deg_old[part])
-        old_rel = rel_old[old_pos].astype(np.int64)
+    # Entry p of node a in the parent sits at p + (ip_new[a] - ip_old[a]) in the new version.
+    bounds = np.searchsorted(ip_old, np.arange(0, int(ip_old[-1]), SLICE_CHUNK), "right") - 1
+    for a, b in zip(bounds, [*bounds[1:], n_old]):
+        lo, hi = int(ip_old[a]), int(ip_old[b])
+        new_pos = np.arange(lo, hi) + np.repeat(ip_new[a:b] - ip_old[a:b], deg_old[a:b])
+        new_pos = np.minimum(new_pos, len(nb_new) - 1)  # a longer slice's entries past the end differ anyway
+        old_rel = rel_old[lo:hi].astype(np.int64)
         old_rel += np.where(old_rel >= r_old, r - r_old, 0)  # inverse ids as the new version numbers them
-        differs = (nb_old[old_pos] != nb_new[new_pos]) | (old_rel != rel_new[new_pos])
-        changed[np.repeat(part, deg_old[part])[differs]] = True
+        differs = np.flatnonzero((nb_old[lo:hi] != nb_new[new_pos]) | (old_rel != rel_new[new_pos])) + lo
+        changed[np.searchsorted(ip_old, differs, "right") - 1] = True
     touched = np.flatnonzero(changed)
     old = _out_edges(parent, touched[touched < n_old])
     new = _out_edges(kg, touched)
