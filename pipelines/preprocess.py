@@ -26,6 +26,8 @@ import os
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from itertools import chain
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -283,7 +285,7 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
         config_dict = to_dict(config)
         with Progress(int(sum(len(blocks[b]) for b in todo)), stage.name, "queries") as bar:
             for done, (block, shard, result) in enumerate(
-                finished_blocks(ray, task, todo, blocks, dataset, artifacts, config_dict), 1
+                finished_blocks(ray, task, todo, blocks, dataset, artifacts, config_dict, args.num_cpus or os.cpu_count() or 1), 1
             ):
                 pp.write_table_atomic(shard, pp.subgraph_shard_path(work, block))
                 by_node.setdefault(result["node"], []).append(block)
@@ -297,13 +299,23 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
     }
 
 
-def finished_blocks(ray, task, todo: list[int], blocks, dataset: str, artifacts: str, config_dict: dict):
+def finished_blocks(ray, task, todo: list[int], blocks, dataset: str, artifacts: str, config_dict: dict, threads: int = 1):
     """(block, shard, info with its ``node``) of every block in ``todo``, as each finishes: Ray tasks
-    over the cluster, or, with ``ray`` None, one after another in this process (node ``driver``)."""
+    over the cluster, or, with ``ray`` None, in this process (node ``driver``) on ``threads`` threads.
+    The compiled kernels release the GIL, so threads share the work; the first block runs alone, so
+    that what a block opens once per process (the graph index, the mapped features) is built once."""
     if ray is None:
-        for b in todo:
-            shard, info = task(dataset, artifacts, blocks[b], config_dict)
-            yield b, shard, {**info, "node": "driver"}
+
+        def one(b: int):
+            return b, *task(dataset, artifacts, blocks[b], config_dict)
+
+        pool = ThreadPoolExecutor(max(threads, 1))
+        try:
+            done = [one(b) for b in todo[:1]]
+            for b, shard, info in chain(done, (f.result() for f in as_completed([pool.submit(one, b) for b in todo[1:]]))):
+                yield b, shard, {**info, "node": "driver"}
+        finally:
+            pool.shutdown(cancel_futures=True)
         return
     remote = ray.remote(**BLOCK_TASK)(on_node)
     pending = {remote.remote(task, dataset, artifacts, blocks[b], config_dict): b for b in todo}
@@ -362,7 +374,7 @@ class Update:
         self.parent_kg = parent.dataset
         self.refit_prior = refit_prior and config.expand.relation_score == "learned"
         self.kept = (["pca"] if config.reduce.dim else []) + (
-            ["prior"] if config.expand.relation_score == "learned" and not self.refit_prior else []
+            ["paths", "prior"] if config.expand.relation_score == "learned" and not self.refit_prior else []
         )
         layout = (read_manifest(parent.path / "embed") or {}).get("layout", {})
         self.shard_rows = int(layout.get("shard_rows", 10_000))
@@ -738,38 +750,54 @@ def run_update(
         f"top-{config.seed.k0} {config.seed.strategy} seeds of the questions the change reaches",
     )
     seeds, reseeded = inc.changed_seeds(parent / "seeds" / "seeds.parquet", out / "seeds" / "seeds.parquet", diff, config.seed.k0)
-    if config.expand.relation_score == "learned":
+    if config.expand.relation_score == "learned" and update.refit_prior:
         train = pp.train_query_ids(kg)
-        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded)
+        # Paths that a parent kept from its own parent were searched on an older graph: all again.
+        current = inc.paths_searched_on(update.parent) == update.parent_kg.fingerprint
+        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded) if current else train
         stage_run(
             "paths",
-            lambda s: update_query_stage(
-                need_ray,
-                s,
-                pp.paths_block,
-                redo,
-                dataset,
-                inputs,
-                config,
-                args,
-                lambda d: inc.keep_golden_paths(parent / "paths", d, train, redo),
-            ),
+            lambda s: {
+                **update_query_stage(
+                    need_ray,
+                    s,
+                    pp.paths_block,
+                    redo,
+                    dataset,
+                    inputs,
+                    config,
+                    args,
+                    lambda d: inc.keep_golden_paths(parent / "paths", d, train, redo),
+                ),
+                "searched_on": kg.fingerprint,
+            },
             len(redo),
             "queries",
             f"golden relation paths of {len(redo):,} of {len(train):,} training queries",
         )
-        if update.refit_prior:
-            stage_run(
-                "prior", lambda s: pp.run_prior(out, s.open(), kg, config), len(train), "queries", "relation-path prior fitted"
-            )
-        else:
-            stage_run(
-                "prior",
-                lambda s: {"files": inc.copy_stage_files(parent / "prior", s.open()), "kept": "the parent's prior"},
-                0,
-                "queries",
-                "relation-path prior kept from the parent",
-            )
+        stage_run("prior", lambda s: pp.run_prior(out, s.open(), kg, config), len(train), "queries", "relation-path prior fitted")
+    elif config.expand.relation_score == "learned":
+        # The kept prior's training data: the golden paths it was fitted on stay with it, and the
+        # graph they were searched on is recorded, so that a refit later searches them all again.
+        stage_run(
+            "paths",
+            lambda s: {
+                "files": inc.copy_stage_files(parent / "paths", s.open()),
+                "kept": "the golden paths of the kept prior",
+                "recomputed": 0,
+                "searched_on": inc.paths_searched_on(update.parent),
+            },
+            0,
+            "queries",
+            "golden relation paths kept with the prior",
+        )
+        stage_run(
+            "prior",
+            lambda s: {"files": inc.copy_stage_files(parent / "prior", s.open()), "kept": "the parent's prior"},
+            0,
+            "queries",
+            "relation-path prior kept from the parent",
+        )
     from seeder.data.subgraphs import SubgraphSet
 
     ids = np.load(out / "features" / "query_ids.npy")

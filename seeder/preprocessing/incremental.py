@@ -15,10 +15,12 @@ parent's artifacts and recomputes, per stage:
   changed nodes' features, never with every node). An ANN index, or a strategy that reads every node
   text, seeds every question again, unless no node text or name and no question changed: seeding
   reads no edge, so the parent's seeds are then kept whole;
-- golden paths (``expand.relation_score: learned``): the training questions that are new or edited,
-  whose seeds changed, or whose seeds lie within ``hops - 1`` edges of an added or removed edge (the
-  nodes whose adjacency the path search reads); the prior is kept unless a refit is asked for, and a
-  refit re-extracts every subgraph, since the prior scores every expansion;
+- golden paths and the prior (``expand.relation_score: learned``): kept together, since the paths are
+  the kept prior's training data (their manifest records the graph they were searched on). A refit
+  searches again the paths of the training questions that are new or edited, whose seeds changed, or
+  whose seeds lie within ``hops - 1`` edges of an added or removed edge (the nodes whose adjacency the
+  path search reads), or of every training question where the paths were kept from an older version;
+  it fits the prior again and re-extracts every subgraph, since the prior scores every expansion;
 - subgraphs: the questions whose bounded region touches the change. The extraction reads the adjacency
   of the nodes it expanded (hop < K), scores their neighbours, and collects the edges among its nodes.
   So a question is re-extracted when an expanded node is or neighbours a node whose features changed,
@@ -911,6 +913,13 @@ def regions_changed_by_edges(
             enters = score >= thresholds[r, hop[e] + 1] - EDGE_SCORE_MARGIN
             changed[r[enters]] = True
     return changed
+
+
+def paths_searched_on(artifacts: Artifacts) -> str:
+    """The fingerprint of the dataset version whose graph an artifacts' golden paths were searched on:
+    its own, unless an update kept them (with the prior) from an earlier version."""
+    info = (read_manifest(artifacts.path / "paths") or {}).get("info", {})
+    return info.get("searched_on") or artifacts.dataset.fingerprint
 
 
 def subgraphs_to_recompute(

@@ -157,18 +157,22 @@ def update_run(dataset: Path, parent_out: Path, out: Path, config, refit_prior: 
     seeds, reseeded = inc.changed_seeds(
         parent_out / "seeds" / "seeds.parquet", out / "seeds" / "seeds.parquet", diff, config.seed.k0
     )
-    if config.expand.relation_score == "learned":
+    if config.expand.relation_score == "learned" and refit_prior:
         train = pp.train_query_ids(kg)
-        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded)
+        current = inc.paths_searched_on(parent) == parent.dataset.fingerprint
+        redo = inc.paths_to_recompute(kg, diff, config, seeds, reseeded) if current else train
         if len(redo):
             table, _ = pp.paths_block(str(dataset), str(out), redo, to_dict(config))
             pq.write_table(table, out / "paths" / "part-000000.parquet")
         inc.keep_golden_paths(parent_out / "paths", out / "paths", train, redo)
+        stage_manifest(out / "paths", "paths", {"searched_on": kg.fingerprint})
         done["paths"] = {"recomputed": len(redo), "of": len(train)}
-        if refit_prior:
-            pp.run_prior(out, out / "prior", kg, config, echo=lambda line: None)
-        else:
-            inc.copy_stage_files(parent_out / "prior", out / "prior")
+        pp.run_prior(out, out / "prior", kg, config, echo=lambda line: None)
+    elif config.expand.relation_score == "learned":
+        inc.copy_stage_files(parent_out / "paths", out / "paths")
+        stage_manifest(out / "paths", "paths", {"searched_on": inc.paths_searched_on(parent)})
+        done["paths"] = {"recomputed": 0}
+        inc.copy_stage_files(parent_out / "prior", out / "prior")
     previous = SubgraphSet.read(parent_out / "subgraphs")
     ids = diff.query_ids
     if not refit_prior:
@@ -179,6 +183,10 @@ def update_run(dataset: Path, parent_out: Path, out: Path, config, refit_prior: 
         pq.write_table(table, out / "subgraphs" / "part-000000.parquet")
     inc.keep_subgraphs(previous, out / "subgraphs", diff.query_ids, ids)
     done["subgraphs"] = {"recomputed": len(ids), "of": len(diff.query_ids)}
+    for name in ("embed", "features", "seeds", "prior", "subgraphs"):  # complete, so that it can be a parent
+        layout = {"shard_rows": SHARD_ROWS} if name == "embed" else None
+        if any((out / name).iterdir()) and not (out / name / "manifest.json").exists():
+            stage_manifest(out / name, name, layout=layout)
     return done
 
 
@@ -222,18 +230,31 @@ def test_update_equals_a_full_run_without_pca(versions, tmp_path, strategy):
 
 
 def test_update_with_a_learned_prior(versions, tmp_path):
-    """Golden paths equal a full run's; with the prior fitted again, so do the prior's subgraphs."""
+    """A kept prior keeps its golden paths (its training data); a refit searches the ones the change
+    reaches again, and then the paths, the prior and its subgraphs are a full run's. After an update
+    that kept them, a refit searches every path again: the kept ones were searched on an older graph."""
     parent, child = versions
     config = config_for("dense", learned=True)
     full_run(parent, tmp_path / "a1", config)
     full_run(child, tmp_path / "full", config)
     kept = update_run(child, tmp_path / "a1", tmp_path / "kept", config)
-    assert kept["paths"]["recomputed"] < kept["paths"]["of"]
-    assert pp.read_golden_paths(tmp_path / "kept" / "paths").equals(pp.read_golden_paths(tmp_path / "full" / "paths"))
+    write_top_manifest(tmp_path / "kept", child, open_dataset(child), config)
+    assert kept["paths"]["recomputed"] == 0
+    assert pp.read_golden_paths(tmp_path / "kept" / "paths").equals(pp.read_golden_paths(tmp_path / "a1" / "paths"))
+    assert inc.paths_searched_on(open_artifacts(tmp_path / "kept")) == open_dataset(parent).fingerprint
     refit = update_run(child, tmp_path / "a1", tmp_path / "refit", config, refit_prior=True)
+    train = len(pp.train_query_ids(open_dataset(child)))
+    assert 0 < refit["paths"]["recomputed"] < train
     assert refit["subgraphs"]["recomputed"] == open_dataset(child).queries.num_rows
     write_top_manifest(tmp_path / "refit", child, open_dataset(child), config)
     assert_same_artifacts(tmp_path / "refit", tmp_path / "full", learned=True)
+
+    third = edges_only_change(tmp_path, child)
+    full_run(third, tmp_path / "full3", config)
+    chained = update_run(third, tmp_path / "kept", tmp_path / "refit3", config, refit_prior=True)
+    assert chained["paths"]["recomputed"] == len(pp.train_query_ids(open_dataset(third)))
+    write_top_manifest(tmp_path / "refit3", third, open_dataset(third), config)
+    assert_same_artifacts(tmp_path / "refit3", tmp_path / "full3", learned=True)
 
 
 def test_update_keeps_the_pca(versions, tmp_path):
