@@ -429,7 +429,7 @@ def update_query_stage(
 
 SMALL_UPDATE = 8192
 """An update's stage with fewer questions to compute than this runs them in this process when Ray is
-not a cluster: Ray's start (about 5 s) costs more than two workers save on them (1M nodes: 0.7 ms each)."""
+not a cluster: Ray's start (about 5 s) costs more than two workers save on that few questions."""
 
 
 def small_update(args, questions: int) -> bool:
