@@ -427,9 +427,10 @@ def update_query_stage(
     return {**info, "recomputed": int(len(ids)), "kept": int(kept)}
 
 
-SMALL_UPDATE = 8192
-"""An update's stage with fewer questions to compute than this runs them in this process when Ray is
-not a cluster: Ray's start (about 5 s) costs more than two workers save on that few questions."""
+SMALL_UPDATE = 65536
+"""An update's stage with fewer questions to compute than this runs them on threads in this process
+when Ray is not a cluster: Ray's start (about 5 s) costs more than its worker processes save over
+threads on that few questions (the kernels release the GIL)."""
 
 
 def small_update(args, questions: int) -> bool:

@@ -187,8 +187,12 @@ class SubgraphSet:
         files = sorted(Path(directory).glob("*.parquet"))
         filters = [("split", "=", split)] if split else None
         table = pq.read_table(files, filters=filters, schema=SUBGRAPH_SCHEMA) if files else SUBGRAPH_SCHEMA.empty_table()
-        table = table.sort_by("query_id")
-        return cls.from_arrow(table)
+        subgraphs = cls.from_arrow(table)
+        # Shards are written in query-id order (an update's kept rows aside): the reorder is mostly skipped.
+        ids = subgraphs.query_ids
+        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+            subgraphs = subgraphs.take(np.argsort(ids, kind="stable"))
+        return subgraphs
 
     def equals(self, other: "SubgraphSet") -> bool:
         return all(np.array_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))

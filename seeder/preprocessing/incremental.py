@@ -405,22 +405,42 @@ def write_embed(
         new_rel[r_rows] = r_emb
     np.save(out / "relations.npy", new_rel)
 
-    parent_queries = pp.read_embeddings(parent_embed / "queries", diff.parent_query_ids)
     query_ids = inputs["query"][0]
+    q_rows, q_emb = embedded.of("query")
+    if not len(q_rows) and _link_unchanged(parent_embed / "queries", out / "queries", diff.query_source, shard_rows):
+        return _embed_info(inputs, new_rel, embedded)
+    parent_queries = pp.read_embeddings(parent_embed / "queries", diff.parent_query_ids)
     new_q = np.zeros((len(query_ids), new_rel.shape[1]), np.float32)
     keep = diff.query_source >= 0
     if parent_queries is not None:
         new_q[keep] = parent_queries[diff.query_source[keep]]
-    q_rows, q_emb = embedded.of("query")
     if len(q_rows):
         new_q[q_rows] = q_emb
     for block, lo in enumerate(range(0, len(query_ids), shard_rows)):
         _write_shard(out / "queries" / f"part-{block:06d}.parquet", query_ids[lo : lo + shard_rows], new_q[lo : lo + shard_rows])
+    return _embed_info(inputs, new_rel, embedded)
+
+
+def _embed_info(inputs: dict, relations: np.ndarray, embedded: EmbeddedRows) -> dict:
     return {
-        "dim": int(new_rel.shape[1]),
+        "dim": int(relations.shape[1]),
         "counts": {k: int(len(v[0])) for k, v in inputs.items()},
         "embedded": {kind: int(len(embedded.of(kind)[0])) for kind in pp.KINDS},
     }
+
+
+def _link_unchanged(parent_dir: Path, out_dir: Path, source: np.ndarray, shard_rows: int) -> bool:
+    """Link every shard of ``parent_dir`` into ``out_dir`` when the new rows are the parent's, in order,
+    in the same shard layout, as when no question changed. False, and nothing linked, otherwise."""
+    files = sorted(parent_dir.glob("part-*.parquet"))
+    layout = [min(shard_rows, len(source) - lo) for lo in range(0, len(source), shard_rows)]
+    if not np.array_equal(source, np.arange(len(source))) or len(files) != len(layout):
+        return False
+    if [pq.ParquetFile(f).metadata.num_rows for f in files] != layout:
+        return False
+    for f in files:
+        _link_or_copy(f, out_dir / f.name)
+    return True
 
 
 def _embedding_rows(embed_dir: Path, expected_ids: np.ndarray, rows: np.ndarray, shard_rows: int) -> np.ndarray:
