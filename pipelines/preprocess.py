@@ -845,7 +845,7 @@ def finish(
     """The run summary (and, for an update, what it recomputed), written once every stage is done."""
     from seeder.data.subgraphs import SubgraphSet
 
-    subgraphs = SubgraphSet.read(out / "subgraphs")
+    subgraphs = SubgraphSet.read(out / "subgraphs", ordered=False)
     ceiling = pp.ceilings(subgraphs, kg)
     summary = {
         "dataset": dataset,

@@ -182,15 +182,16 @@ class SubgraphSet:
         return cls.from_arrow(pa.concat_tables([p.to_arrow() for p in parts]))
 
     @classmethod
-    def read(cls, directory: str | Path, split: str | None = None) -> "SubgraphSet":
-        """Read every ``*.parquet`` shard in ``directory`` (optionally one split), ordered by query id."""
+    def read(cls, directory: str | Path, split: str | None = None, ordered: bool = True) -> "SubgraphSet":
+        """Read every ``*.parquet`` shard in ``directory`` (optionally one split), ordered by query id;
+        ``ordered=False`` keeps the shards' order, for a reader whose result does not depend on it."""
         files = sorted(Path(directory).glob("*.parquet"))
         filters = [("split", "=", split)] if split else None
         table = pq.read_table(files, filters=filters, schema=SUBGRAPH_SCHEMA) if files else SUBGRAPH_SCHEMA.empty_table()
         subgraphs = cls.from_arrow(table)
         # Shards are written in query-id order (an update's kept rows aside): the reorder is mostly skipped.
         ids = subgraphs.query_ids
-        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
+        if ordered and len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
             subgraphs = subgraphs.take(np.argsort(ids, kind="stable"))
         return subgraphs
 

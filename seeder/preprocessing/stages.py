@@ -45,7 +45,7 @@ from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_
 from seeder.preprocessing.artifacts import read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
 from seeder.retrieve.khop import GraphIndex, expand_queries
-from seeder.retrieve.metrics import group_by, subgraph_ceiling
+from seeder.retrieve.metrics import ceiling_values, group_by, group_means
 from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
 from seeder.retrieve.prior import RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
@@ -987,10 +987,16 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
 def ceilings(subgraphs: SubgraphSet, kg: KnowledgeGraph) -> dict[str, Any]:
     """Subgraph ceiling (Hit@any, Recall@any of the bounded subgraphs) overall and per split, and per
     value of each query attribute that makes groups (e.g. ``hop``; see seeder.retrieve.metrics)."""
+    # Per-query values first, put in query-id order: the means do not depend on the order of the shards,
+    # and no split's subgraphs are copied.
+    order = np.argsort(subgraphs.query_ids, kind="stable")
+    values = {name: v[order] for name, v in ceiling_values(subgraphs).items()}
+    query_ids, splits = subgraphs.query_ids[order], subgraphs.splits[order]
     out: dict[str, Any] = {}
-    for split in ["all", *sorted(set(subgraphs.splits.tolist()))]:
-        part = subgraphs if split == "all" else subgraphs.select_split(split)
-        out[split] = subgraph_ceiling(part, group_by(kg.query_attributes(part.query_ids)) or None)
+    for split in ["all", *sorted(set(splits.tolist()))]:
+        rows = np.ones(len(splits), bool) if split == "all" else splits == split
+        part = {name: v[rows] for name, v in values.items()}
+        out[split] = group_means(part, group_by(kg.query_attributes(query_ids[rows])) or None)
     return out
 
 

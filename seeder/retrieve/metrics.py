@@ -130,7 +130,9 @@ def group_by(attributes: dict[str, np.ndarray] | None, by: list[str] | None = No
     return {min(candidates)[1]: attributes[min(candidates)[1]]} if candidates else {}
 
 
-def _group_means(values: dict[str, np.ndarray], attributes: dict[str, np.ndarray] | None) -> dict[str, dict]:
+def group_means(values: dict[str, np.ndarray], attributes: dict[str, np.ndarray] | None) -> dict[str, dict]:
+    """The mean of each per-query value and the number of queries: over all queries (``all``) and per
+    value of each attribute that makes groups (``name=value``)."""
     num_q = len(next(iter(values.values()))) if values else 0
     groups: dict[str, np.ndarray] = {"all": np.ones(num_q, dtype=bool)}
     for name, column in (attributes or {}).items():
@@ -161,12 +163,17 @@ def evaluate(
     ``answer_ptr``/``answers`` give each query's answers (in ``result.query_ids`` order);
     ``attributes`` maps an attribute name to one value per query.
     """
-    return _group_means(per_query_metrics(result, answer_ptr, answers, ks), attributes)
+    return group_means(per_query_metrics(result, answer_ptr, answers, ks), attributes)
 
 
 def subgraph_ceiling(subgraphs: SubgraphSet, attributes: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
     """What the best ranker restricted to each subgraph could reach: Hit@any and Recall@any of the
     whole subgraph, its mean size, and the number of queries; overall and per attribute value."""
+    return group_means(ceiling_values(subgraphs), attributes)
+
+
+def ceiling_values(subgraphs: SubgraphSet) -> dict[str, np.ndarray]:
+    """Per query, in the set's order: ``hit_any`` and ``recall_any`` of its whole subgraph, ``size``."""
     num_q = len(subgraphs)
     _, num_answers = _distinct_answers(
         subgraphs.answer_ptr, subgraphs.answers, int(max(subgraphs.answers.max(initial=-1), 0)) + 1
@@ -179,4 +186,4 @@ def subgraph_ceiling(subgraphs: SubgraphSet, attributes: dict[str, np.ndarray] |
         "recall_any": found / np.maximum(num_answers, 1),
         "size": subgraphs.sizes.astype(np.float64),
     }
-    return _group_means(values, attributes)
+    return values

@@ -1,6 +1,6 @@
 """Stage work without Ray: a committed stage records its files, a rerun verifies them, a damaged stage
-goes back to a working directory that keeps its intact shards; embedding rows placed by id; and the
-seeds stage's ANN pilot."""
+goes back to a working directory that keeps its intact shards; embedding rows placed by id; the
+seeds stage's ANN pilot; and the summary's subgraph ceilings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from seeder.preprocessing.stages import RowPlacer, StageDir, subgraph_shard_path, write_table_atomic
+from seeder.data.subgraphs import SUBGRAPH_SCHEMA, SubgraphSet
+from seeder.preprocessing.stages import RowPlacer, StageDir, ceilings, subgraph_shard_path, write_table_atomic
+from seeder.retrieve.metrics import subgraph_ceiling
 from seeder.system.io import DataError, read_manifest
 
 
@@ -98,3 +100,42 @@ def test_embedding_rows_are_placed_by_id_whatever_order_the_shards_come_in():
         placer.positions(np.array([4]), "part-3")  # not an id of the dataset
     with pytest.raises(DataError, match=r"embed/nodes: 15 ids have no embedding \(first \[3, 6, 9\]\)"):
         placer.check_complete()
+
+
+class _Questions:
+    """The one thing ``ceilings`` asks of a graph: its questions' attributes, by id."""
+
+    def query_attributes(self, query_ids: np.ndarray) -> dict[str, np.ndarray]:
+        return {"hop": (np.asarray(query_ids) % 3 + 1).astype(object)}
+
+
+def test_ceilings_are_the_per_split_ceilings_whatever_the_order_of_the_rows():
+    rng = np.random.default_rng(0)
+    rows = []
+    for q in range(60):
+        size, answers = int(rng.integers(1, 6)), rng.choice(40, size=int(rng.integers(1, 4)), replace=False)
+        nodes = rng.choice(40, size=size, replace=False)
+        rows.append(
+            {
+                "query_id": q,
+                "split": ["train", "val", "test"][q % 4 % 3],
+                "nodes": nodes.tolist(),
+                "hop": [0] * size,
+                "score": rng.random(size).tolist(),
+                "is_answer": np.isin(nodes, answers).tolist(),
+                "path_end": [0.0] * size,
+                "edge_src": [],
+                "edge_dst": [],
+                "edge_rel": [],
+                "answers": answers.tolist(),
+            }
+        )
+    ordered = SubgraphSet.from_arrow(pa.Table.from_pylist(rows, schema=SUBGRAPH_SCHEMA))
+    shuffled = ordered.take(rng.permutation(len(ordered)))
+    expected = {
+        split: subgraph_ceiling(part, {"hop": _Questions().query_attributes(part.query_ids)["hop"]})
+        for split, part in [("all", ordered)] + [(s, ordered.select_split(s)) for s in ("test", "train", "val")]
+    }
+    assert ceilings(ordered, _Questions()) == expected
+    assert ceilings(shuffled, _Questions()) == expected
+    assert 0 < expected["all"]["all"]["hit_any"] < 1 and expected["val"]["all"]["queries"] == 15
