@@ -287,7 +287,7 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
             for done, (block, shard, result) in enumerate(
                 finished_blocks(ray, task, todo, blocks, dataset, artifacts, config_dict, args.num_cpus or os.cpu_count() or 1), 1
             ):
-                pp.write_table_atomic(shard, pp.subgraph_shard_path(work, block))
+                pp.write_table_atomic(shard, pp.subgraph_shard_path(work, block), **pp.SHARD_WRITE)
                 by_node.setdefault(result["node"], []).append(block)
                 bar.update(int(result["queries"]))
                 pp.maybe_stop_for_test(stage.name, done)

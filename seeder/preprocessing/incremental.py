@@ -999,7 +999,7 @@ def write_kept_rows(out: Path, table: pa.Table) -> int:
     for stray in Path(out).glob(KEPT_SHARD.replace("{:06d}", "*")):
         stray.unlink()
     for block, lo in enumerate(range(0, table.num_rows, KEPT_ROWS)):
-        pp.write_table_atomic(table.slice(lo, KEPT_ROWS), Path(out) / KEPT_SHARD.format(block))
+        pp.write_table_atomic(table.slice(lo, KEPT_ROWS), Path(out) / KEPT_SHARD.format(block), **pp.SHARD_WRITE)
     return table.num_rows
 
 

