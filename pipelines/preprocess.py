@@ -27,7 +27,6 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from itertools import chain
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -302,17 +301,18 @@ def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, art
 def finished_blocks(ray, task, todo: list[int], blocks, dataset: str, artifacts: str, config_dict: dict, threads: int = 1):
     """(block, shard, info with its ``node``) of every block in ``todo``, as each finishes: Ray tasks
     over the cluster, or, with ``ray`` None, in this process (node ``driver``) on ``threads`` threads.
-    The compiled kernels release the GIL, so threads share the work; the first block runs alone, so
+    The compiled kernels release the GIL, so threads share the work; one question runs first, alone, so
     that what a block opens once per process (the graph index, the mapped features) is built once."""
     if ray is None:
 
         def one(b: int):
             return b, *task(dataset, artifacts, blocks[b], config_dict)
 
+        if todo:
+            task(dataset, artifacts, blocks[todo[0]][:1], config_dict)
         pool = ThreadPoolExecutor(max(threads, 1))
         try:
-            done = [one(b) for b in todo[:1]]
-            for b, shard, info in chain(done, (f.result() for f in as_completed([pool.submit(one, b) for b in todo[1:]]))):
+            for b, shard, info in (f.result() for f in as_completed([pool.submit(one, b) for b in todo])):
                 yield b, shard, {**info, "node": "driver"}
         finally:
             pool.shutdown(cancel_futures=True)

@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numba import njit
 
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import positions_within, ranges, segment_ids
@@ -132,48 +133,97 @@ def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, 
     return same
 
 
-SLICE_CHUNK = 1 << 23
-"""CSR entries compared at a time by ``changed_edges`` (a few hundred MB of positions at most)."""
+@njit(cache=True, nogil=True, inline="always")
+def _entry_hash(head: int, tail: int, relation: int) -> np.uint32:
+    """``seeder.data.store.edge_hashes`` of one CSR entry, in compiled code."""
+    x = np.uint64(head) * np.uint64(0x9E3779B97F4A7C15)
+    x ^= np.uint64(tail) * np.uint64(0xC2B2AE3D27D4EB4F)
+    x ^= np.uint64(relation) * np.uint64(0x165667B19E3779F9)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return np.uint32(x >> np.uint64(32))
 
 
-def _out_edges(kg: KnowledgeGraph, nodes: np.ndarray) -> np.ndarray:
-    """(src, relation, dst) of the out-edges of ``nodes`` (ids of ``kg``), read from its CSR."""
-    indptr = np.asarray(kg.indptr)
-    pos, owner = ranges(indptr[nodes], np.diff(indptr)[nodes]), np.repeat(nodes, np.diff(indptr)[nodes])
+@njit(cache=True, nogil=True)
+def _unmatched_entries(ip_old, nb_old, rel_old, ip_new, nb_new, rel_new, shift_from, shift, merge):
+    """(parent entries, new entries) as bool masks over the two CSRs: every entry that the other
+    version's slice of the same node does not hold at the matching place. Only what is marked can
+    be an added or removed edge, and marked entries that both versions hold are matched as sets
+    afterwards (``changed_edges``). A parent relation id >= ``shift_from`` (an inverse) is read plus
+    ``shift``, as the new version numbers it.
+
+    ``build_csr`` orders a slice by ``edge_hashes`` alone: equal entries before the first difference
+    and after the last one (aligned from each end) are skipped, and in between the two slices are
+    merged by hash. When the relation ids moved (``merge`` False) the hashes of the parent's entries
+    changed too, and the whole window between the first and the last difference is marked."""
+    n_old, n = ip_old.shape[0] - 1, ip_new.shape[0] - 1
+    gone = np.zeros(nb_old.shape[0], np.bool_)
+    came = np.zeros(nb_new.shape[0], np.bool_)
+    for a in range(n):
+        i, j = ip_old[a] if a < n_old else 0, ip_new[a]
+        ie, je = ip_old[a + 1] if a < n_old else 0, ip_new[a + 1]
+        while i < ie and j < je:  # the common head
+            r = rel_old[i] + (shift if rel_old[i] >= shift_from else 0)
+            if nb_old[i] != nb_new[j] or r != rel_new[j]:
+                break
+            i += 1
+            j += 1
+        while i < ie and j < je:  # the common tail
+            r = rel_old[ie - 1] + (shift if rel_old[ie - 1] >= shift_from else 0)
+            if nb_old[ie - 1] != nb_new[je - 1] or r != rel_new[je - 1]:
+                break
+            ie -= 1
+            je -= 1
+        while merge and i < ie and j < je:
+            r = rel_old[i] + (shift if rel_old[i] >= shift_from else 0)
+            h_old, h_new = _entry_hash(a, nb_old[i], r), _entry_hash(a, nb_new[j], rel_new[j])
+            if h_old < h_new:
+                gone[i] = True
+                i += 1
+            elif h_new < h_old:
+                came[j] = True
+                j += 1
+            else:  # the same hash: the same entry, or a collision whose order the set match settles
+                if nb_old[i] != nb_new[j] or r != rel_new[j]:
+                    gone[i] = True
+                    came[j] = True
+                i += 1
+                j += 1
+        gone[i:ie] = True
+        came[j:je] = True
+    return gone, came
+
+
+def _marked_edges(kg: KnowledgeGraph, marked: np.ndarray) -> np.ndarray:
+    """(src, relation, dst) of the out-edges among the ``marked`` CSR entries of ``kg``."""
+    pos = np.flatnonzero(marked)
     rel = np.asarray(kg.edge_relations)[pos].astype(np.int64)
     out = rel < kg.num_relations
-    return np.stack([owner[out].astype(np.int64), rel[out], np.asarray(kg.neighbors)[pos[out]].astype(np.int64)], axis=1)
+    pos, rel = pos[out], rel[out]
+    src = np.searchsorted(np.asarray(kg.indptr), pos, "right") - 1
+    return np.stack([src.astype(np.int64), rel, np.asarray(kg.neighbors)[pos].astype(np.int64)], axis=1)
 
 
 def changed_edges(parent: KnowledgeGraph, kg: KnowledgeGraph) -> tuple[np.ndarray, np.ndarray]:
-    """(added, removed) edges from ``parent`` to ``kg``, each [E, 3] (src, relation, dst), from their CSRs.
-
-    ``build_csr`` orders a slice by its entries alone, so a node whose slice has the same degree and the
-    same entries, position by position, has the same edges: one comparison over the arrays finds the
-    few nodes whose edges changed, and only their out-edges are matched as sets (no pass over the
-    edges tables, no sort of every edge). A node whose degree changed counts as changed whatever its
-    entries compare to."""
-    n, n_old, r, r_old = kg.num_nodes, parent.num_nodes, kg.num_relations, parent.num_relations
-    ip_new, ip_old = np.asarray(kg.indptr), np.asarray(parent.indptr)
-    nb_new, nb_old = np.asarray(kg.neighbors), np.asarray(parent.neighbors)
-    rel_new, rel_old = np.asarray(kg.edge_relations), np.asarray(parent.edge_relations)
-    deg_old = np.diff(ip_old)
-    changed = np.zeros(n, dtype=bool)
-    changed[:n_old] = deg_old != np.diff(ip_new)[:n_old]
-    changed[n_old:] = np.diff(ip_new)[n_old:] > 0
-    # Entry p of node a in the parent sits at p + (ip_new[a] - ip_old[a]) in the new version.
-    bounds = np.searchsorted(ip_old, np.arange(0, int(ip_old[-1]), SLICE_CHUNK), "right") - 1
-    for a, b in zip(bounds, [*bounds[1:], n_old]):
-        lo, hi = int(ip_old[a]), int(ip_old[b])
-        new_pos = np.arange(lo, hi) + np.repeat(ip_new[a:b] - ip_old[a:b], deg_old[a:b])
-        new_pos = np.minimum(new_pos, len(nb_new) - 1)  # a longer slice's entries past the end differ anyway
-        old_rel = rel_old[lo:hi].astype(np.int64)
-        old_rel += np.where(old_rel >= r_old, r - r_old, 0)  # inverse ids as the new version numbers them
-        differs = np.flatnonzero((nb_old[lo:hi] != nb_new[new_pos]) | (old_rel != rel_new[new_pos])) + lo
-        changed[np.searchsorted(ip_old, differs, "right") - 1] = True
-    touched = np.flatnonzero(changed)
-    old = _out_edges(parent, touched[touched < n_old])
-    new = _out_edges(kg, touched)
+    """(added, removed) edges from ``parent`` to ``kg``, each [E, 3] (src, relation, dst), from their CSRs:
+    one pass over the slices marks the entries that differ (``_unmatched_entries``), and only those are
+    matched as sets (no pass over the edges tables, no sort of a hub's whole slice)."""
+    n, r, r_old = kg.num_nodes, kg.num_relations, parent.num_relations
+    gone, came = _unmatched_entries(
+        np.asarray(parent.indptr),
+        np.asarray(parent.neighbors),
+        np.asarray(parent.edge_relations),
+        np.asarray(kg.indptr),
+        np.asarray(kg.neighbors),
+        np.asarray(kg.edge_relations),
+        r_old,
+        r - r_old,
+        r == r_old,
+    )
+    old, new = _marked_edges(parent, gone), _marked_edges(kg, came)
     width_r = max(r, r_old)
     old_keys, new_keys = (edge_keys(e[:, 0], e[:, 1], e[:, 2], n, width_r) for e in (old, new))
     return new[~isin_sorted(new_keys, old_keys)], old[~isin_sorted(old_keys, new_keys)]
