@@ -55,7 +55,7 @@ from numba import njit
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import positions_within, ranges, segment_ids
 from seeder.data.store import KnowledgeGraph
-from seeder.data.subgraphs import SubgraphSet, isin_sorted, sorted_lookup
+from seeder.data.subgraphs import SubgraphSet, isin_sorted
 from seeder.data.update import edge_keys
 from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca
@@ -888,6 +888,24 @@ def _read_entries(kg: KnowledgeGraph, nodes: np.ndarray, cap: int) -> tuple[np.n
     return nodes[owner], np.asarray(kg.neighbors)[pos].astype(np.int64), rel - inverse * kg.num_relations, inverse
 
 
+@njit(cache=True, nogil=True)
+def _in_rows(node_ptr: np.ndarray, nodes: np.ndarray, num_nodes: int, rows: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """bool per pair i: whether node ``others[i]`` is in subgraph ``rows[i]`` (``node_ptr``, ``nodes``).
+    Each run of equal rows stamps its subgraph's nodes once, so pairs grouped by row cost one pass
+    over the pairs and the rows they name, with no sort of every subgraph entry."""
+    stamp = np.full(num_nodes, -1, np.int64)
+    out = np.zeros(rows.shape[0], np.bool_)
+    k = 0
+    while k < rows.shape[0]:
+        row = rows[k]
+        for p in range(node_ptr[row], node_ptr[row + 1]):
+            stamp[nodes[p]] = row
+        while k < rows.shape[0] and rows[k] == row:
+            out[k] = stamp[others[k]] == row
+            k += 1
+    return out
+
+
 def regions_changed_by_edges(
     kg: KnowledgeGraph,
     parent_kg: KnowledgeGraph,
@@ -957,7 +975,7 @@ def regions_changed_by_edges(
     read = (kind[half] == 0) | source[entry]
     entry, half = entry[read], half[read]
     row, b = owner[entry], other[half]
-    member = sorted_lookup(np.sort(owner * n + nodes), row * n + b)[0]
+    member = _in_rows(subgraphs.node_ptr, nodes, n, row, b)
     changed[row[member]] = True
 
     test = np.flatnonzero(~member & (kind[half] == 2) & ~changed[row])
