@@ -931,7 +931,7 @@ def regions_changed_by_edges(
     cfg = config.expand
     hops, cap, n, r_new = cfg.hops, cfg.neighbor_cap, kg.num_nodes, kg.num_relations
     owner = segment_ids(subgraphs.node_ptr)
-    nodes = subgraphs.nodes.astype(np.int64)
+    nodes = subgraphs.nodes.astype(np.int64, copy=False)
     hop = subgraphs.hop.astype(np.int64)
     source = hop < hops
     deg_new = np.diff(np.asarray(kg.indptr))
