@@ -198,15 +198,21 @@ def validate_tables(
 def edge_hashes(heads: np.ndarray, tails: np.ndarray, rels: np.ndarray) -> np.ndarray:
     """uint32 per CSR entry (node, neighbour, relation id): a fixed mix of the three (splitmix64's
     finaliser), the same in every version of a dataset and on every machine."""
-    x = heads.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-    x ^= tails.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-    x ^= rels.astype(np.uint64) * np.uint64(0x165667B19E3779F9)
+    return mix_entry(heads.astype(np.uint64), tails.astype(np.uint64), rels.astype(np.uint64)).astype(np.uint32)
+
+
+def mix_entry(head, tail, relation):
+    """``edge_hashes`` on uint64 values, widened: numpy arrays here, one entry at a time in compiled
+    code (``seeder.preprocessing.incremental`` compiles this same function)."""
+    x = head * np.uint64(0x9E3779B97F4A7C15)
+    x ^= tail * np.uint64(0xC2B2AE3D27D4EB4F)
+    x ^= relation * np.uint64(0x165667B19E3779F9)
     x ^= x >> np.uint64(30)
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(27)
     x *= np.uint64(0x94D049BB133111EB)
     x ^= x >> np.uint64(31)
-    return (x >> np.uint64(32)).astype(np.uint32)
+    return x >> np.uint64(32)
 
 
 def build_csr(num_nodes: int, num_relations: int, src: np.ndarray, dst: np.ndarray, rel: np.ndarray):

@@ -54,7 +54,7 @@ from numba import njit
 
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import positions_within, ranges, segment_ids
-from seeder.data.store import KnowledgeGraph
+from seeder.data.store import KnowledgeGraph, mix_entry
 from seeder.data.subgraphs import SubgraphSet, isin_sorted
 from seeder.data.update import edge_keys
 from seeder.features import bfloat16
@@ -133,18 +133,14 @@ def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, 
     return same
 
 
+_entry_hash = njit(cache=True, nogil=True, inline="always")(mix_entry)
+"""``edge_hashes`` of one CSR entry (uint64 arguments), compiled from the same function."""
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _entry_hash(head: int, tail: int, relation: int) -> np.uint32:
-    """``seeder.data.store.edge_hashes`` of one CSR entry, in compiled code."""
-    x = np.uint64(head) * np.uint64(0x9E3779B97F4A7C15)
-    x ^= np.uint64(tail) * np.uint64(0xC2B2AE3D27D4EB4F)
-    x ^= np.uint64(relation) * np.uint64(0x165667B19E3779F9)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return np.uint32(x >> np.uint64(32))
+def _renumbered(relation: int, shift_from: int, shift: int) -> int:
+    """A parent's relation id as the new version numbers it: inverses (>= ``shift_from``) plus ``shift``."""
+    return relation + (shift if relation >= shift_from else 0)
 
 
 @njit(cache=True, nogil=True)
@@ -166,20 +162,20 @@ def _unmatched_entries(ip_old, nb_old, rel_old, ip_new, nb_new, rel_new, shift_f
         i, j = ip_old[a] if a < n_old else 0, ip_new[a]
         ie, je = ip_old[a + 1] if a < n_old else 0, ip_new[a + 1]
         while i < ie and j < je:  # the common head
-            r = rel_old[i] + (shift if rel_old[i] >= shift_from else 0)
-            if nb_old[i] != nb_new[j] or r != rel_new[j]:
+            if nb_old[i] != nb_new[j] or _renumbered(rel_old[i], shift_from, shift) != rel_new[j]:
                 break
             i += 1
             j += 1
         while i < ie and j < je:  # the common tail
-            r = rel_old[ie - 1] + (shift if rel_old[ie - 1] >= shift_from else 0)
-            if nb_old[ie - 1] != nb_new[je - 1] or r != rel_new[je - 1]:
+            if nb_old[ie - 1] != nb_new[je - 1] or _renumbered(rel_old[ie - 1], shift_from, shift) != rel_new[je - 1]:
                 break
             ie -= 1
             je -= 1
         while merge and i < ie and j < je:
-            r = rel_old[i] + (shift if rel_old[i] >= shift_from else 0)
-            h_old, h_new = _entry_hash(a, nb_old[i], r), _entry_hash(a, nb_new[j], rel_new[j])
+            r = _renumbered(rel_old[i], shift_from, shift)
+            head = np.uint64(a)
+            h_old = _entry_hash(head, np.uint64(nb_old[i]), np.uint64(r))
+            h_new = _entry_hash(head, np.uint64(nb_new[j]), np.uint64(rel_new[j]))
             if h_old < h_new:
                 gone[i] = True
                 i += 1

@@ -465,3 +465,14 @@ def test_every_question_whose_entity_links_change_is_seeded_again_and_few_others
     assert differ.sum() >= 2, "the change set must change the links of the questions naming the two nodes"
     assert screened[kept][differ].all(), [kept_texts[i] for i in np.flatnonzero(differ & ~screened[kept])]
     assert screened[kept].mean() < 0.25
+
+
+def test_the_compiled_entry_hash_is_the_csrs_edge_hash():
+    """The update merges two versions' slices by the hash ``build_csr`` ordered them by: a different
+    hash would still give the right edges, only by marking whole slices."""
+    from seeder.data.store import edge_hashes
+
+    rng = np.random.default_rng(5)
+    heads, tails, rels = rng.integers(0, 2**31, 500), rng.integers(0, 2**31, 500), rng.integers(0, 200, 500)
+    compiled = [int(inc._entry_hash(np.uint64(h), np.uint64(t), np.uint64(r))) for h, t, r in zip(heads, tails, rels)]
+    assert compiled == edge_hashes(heads, tails, rels).astype(np.int64).tolist()
