@@ -50,17 +50,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from numba import njit
 
 from seeder.config import SeederConfig, from_dict, load_config, parse_overrides, to_dict
 from seeder.data.ragged import positions_within, ranges, segment_ids
-from seeder.data.store import KnowledgeGraph, mix_entry
-from seeder.data.subgraphs import SubgraphSet, isin_sorted
-from seeder.data.update import edge_keys
+from seeder.data.store import KnowledgeGraph
+from seeder.data.subgraphs import SubgraphSet
 from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca
 from seeder.preprocessing import stages as pp
 from seeder.preprocessing.artifacts import Artifacts, read_seed_table
+from seeder.preprocessing.edge_changes import changed_edges, regions_changed_by_edges
 from seeder.retrieve.paths import sampled_slices
 from seeder.retrieve.seeds import EntityLinker, given_seeds, normalise_texts, resolve_search, seed_queries
 from seeder.system.io import DataError, fingerprint_json, read_manifest
@@ -117,6 +116,13 @@ def _same_strings(new: pa.Array, old: pa.Array, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+def _same_file(kg: KnowledgeGraph, parent: KnowledgeGraph, name: str) -> bool:
+    """Whether both versions' manifests record the same content fingerprint for table file ``name``: then
+    its rows are the parent's and need no comparison (an edge-only change leaves 1M node texts unread)."""
+    ours, theirs = kg.manifest["fingerprints"].get(name), parent.manifest["fingerprints"].get(name)
+    return ours is not None and ours == theirs
+
+
 def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, old_rows: np.ndarray) -> np.ndarray:
     """Per pair (rows[i] of new, old_rows[i] of old): the same answer list, in order."""
     n_len = np.diff(new_ptr)[rows]
@@ -133,98 +139,6 @@ def _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, rows: np.ndarray, 
     return same
 
 
-_entry_hash = njit(cache=True, nogil=True, inline="always")(mix_entry)
-"""``edge_hashes`` of one CSR entry (uint64 arguments), compiled from the same function."""
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _renumbered(relation: int, shift_from: int, shift: int) -> int:
-    """A parent's relation id as the new version numbers it: inverses (>= ``shift_from``) plus ``shift``."""
-    return relation + (shift if relation >= shift_from else 0)
-
-
-@njit(cache=True, nogil=True)
-def _unmatched_entries(ip_old, nb_old, rel_old, ip_new, nb_new, rel_new, shift_from, shift, merge):
-    """(parent entries, new entries) as bool masks over the two CSRs: every entry that the other
-    version's slice of the same node does not hold at the matching place. Only what is marked can
-    be an added or removed edge, and marked entries that both versions hold are matched as sets
-    afterwards (``changed_edges``). A parent relation id >= ``shift_from`` (an inverse) is read plus
-    ``shift``, as the new version numbers it.
-
-    ``build_csr`` orders a slice by ``edge_hashes`` alone: equal entries before the first difference
-    and after the last one (aligned from each end) are skipped, and in between the two slices are
-    merged by hash. When the relation ids moved (``merge`` False) the hashes of the parent's entries
-    changed too, and the whole window between the first and the last difference is marked."""
-    n_old, n = ip_old.shape[0] - 1, ip_new.shape[0] - 1
-    gone = np.zeros(nb_old.shape[0], np.bool_)
-    came = np.zeros(nb_new.shape[0], np.bool_)
-    for a in range(n):
-        i, j = ip_old[a] if a < n_old else 0, ip_new[a]
-        ie, je = ip_old[a + 1] if a < n_old else 0, ip_new[a + 1]
-        while i < ie and j < je:  # the common head
-            if nb_old[i] != nb_new[j] or _renumbered(rel_old[i], shift_from, shift) != rel_new[j]:
-                break
-            i += 1
-            j += 1
-        while i < ie and j < je:  # the common tail
-            if nb_old[ie - 1] != nb_new[je - 1] or _renumbered(rel_old[ie - 1], shift_from, shift) != rel_new[je - 1]:
-                break
-            ie -= 1
-            je -= 1
-        while merge and i < ie and j < je:
-            r = _renumbered(rel_old[i], shift_from, shift)
-            head = np.uint64(a)
-            h_old = _entry_hash(head, np.uint64(nb_old[i]), np.uint64(r))
-            h_new = _entry_hash(head, np.uint64(nb_new[j]), np.uint64(rel_new[j]))
-            if h_old < h_new:
-                gone[i] = True
-                i += 1
-            elif h_new < h_old:
-                came[j] = True
-                j += 1
-            else:  # the same hash: the same entry, or a collision whose order the set match settles
-                if nb_old[i] != nb_new[j] or r != rel_new[j]:
-                    gone[i] = True
-                    came[j] = True
-                i += 1
-                j += 1
-        gone[i:ie] = True
-        came[j:je] = True
-    return gone, came
-
-
-def _marked_edges(kg: KnowledgeGraph, marked: np.ndarray) -> np.ndarray:
-    """(src, relation, dst) of the out-edges among the ``marked`` CSR entries of ``kg``."""
-    pos = np.flatnonzero(marked)
-    rel = np.asarray(kg.edge_relations)[pos].astype(np.int64)
-    out = rel < kg.num_relations
-    pos, rel = pos[out], rel[out]
-    src = np.searchsorted(np.asarray(kg.indptr), pos, "right") - 1
-    return np.stack([src.astype(np.int64), rel, np.asarray(kg.neighbors)[pos].astype(np.int64)], axis=1)
-
-
-def changed_edges(parent: KnowledgeGraph, kg: KnowledgeGraph) -> tuple[np.ndarray, np.ndarray]:
-    """(added, removed) edges from ``parent`` to ``kg``, each [E, 3] (src, relation, dst), from their CSRs:
-    one pass over the slices marks the entries that differ (``_unmatched_entries``), and only those are
-    matched as sets (no pass over the edges tables, no sort of a hub's whole slice)."""
-    n, r, r_old = kg.num_nodes, kg.num_relations, parent.num_relations
-    gone, came = _unmatched_entries(
-        np.asarray(parent.indptr),
-        np.asarray(parent.neighbors),
-        np.asarray(parent.edge_relations),
-        np.asarray(kg.indptr),
-        np.asarray(kg.neighbors),
-        np.asarray(kg.edge_relations),
-        r_old,
-        r - r_old,
-        r == r_old,
-    )
-    old, new = _marked_edges(parent, gone), _marked_edges(kg, came)
-    width_r = max(r, r_old)
-    old_keys, new_keys = (edge_keys(e[:, 0], e[:, 1], e[:, 2], n, width_r) for e in (old, new))
-    return new[~isin_sorted(new_keys, old_keys)], old[~isin_sorted(old_keys, new_keys)]
-
-
 def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
     """Compare a dataset version with its parent row by row (ids are stable across versions)."""
     n, n_parent = kg.num_nodes, parent.num_nodes
@@ -234,9 +148,12 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
             f"so this is not a version written by `seeder import ... --update`"
         )
     node_rows = np.where(np.arange(n) < n_parent, np.arange(n), -1)
-    new_nodes, old_nodes = kg.table("nodes", ["name", "text"]), parent.table("nodes", ["name", "text"])
-    same_text = _same_strings(new_nodes.column("text").combine_chunks(), old_nodes.column("text").combine_chunks(), node_rows)
-    same_name = _same_strings(new_nodes.column("name").combine_chunks(), old_nodes.column("name").combine_chunks(), node_rows)
+    if _same_file(kg, parent, "nodes.parquet"):
+        same_text = same_name = node_rows >= 0
+    else:
+        new_nodes, old_nodes = kg.table("nodes", ["name", "text"]), parent.table("nodes", ["name", "text"])
+        same_text = _same_strings(new_nodes.column("text").combine_chunks(), old_nodes.column("text").combine_chunks(), node_rows)
+        same_name = _same_strings(new_nodes.column("name").combine_chunks(), old_nodes.column("name").combine_chunks(), node_rows)
     node_source = np.where(same_text, node_rows, -1)
 
     r, r_parent = kg.num_relations, parent.num_relations
@@ -261,7 +178,10 @@ def diff_versions(parent: KnowledgeGraph, kg: KnowledgeGraph) -> VersionDiff:
     same_answers[matched] = _answer_lists_equal(new_ptr, new_flat, old_ptr, old_flat, matched, q_rows[matched])
     query_same = same_q_text & same_split & same_answers
 
-    added_edges, removed_edges = changed_edges(parent, kg)
+    if all(_same_file(kg, parent, f"adjacency/{name}.npy") for name in ("indptr", "neighbors", "relations")):
+        added_edges = removed_edges = np.zeros((0, 3), np.int64)
+    else:
+        added_edges, removed_edges = changed_edges(parent, kg)
     touched = np.zeros(n, dtype=bool)
     touched[added_edges[:, [0, 2]].ravel()] = True
     touched[removed_edges[:, [0, 2]].ravel()] = True
@@ -849,156 +769,6 @@ def paths_to_recompute(
     return train[redo]
 
 
-EDGE_SCORE_MARGIN = 1e-4
-"""A candidate that a new edge scores within this of a hop's last kept score counts as able to enter
-it: the compiled hops sum each cosine in their own order, this test in numpy's (float32 either way)."""
-
-
-def _hop_thresholds(subgraphs: SubgraphSet, cfg) -> np.ndarray:
-    """[rows, K + 2]: column h (1..K) is the lowest score a new candidate must beat to enter hop h or a
-    later one (the minimum over those hops of their last kept score); -inf where such a hop kept fewer
-    nodes than it had room for (it took every candidate, so a new one enters), +inf past the last hop
-    and where no hop from h on had room."""
-    hops, rows = cfg.hops, len(subgraphs)
-    owner = segment_ids(subgraphs.node_ptr)
-    cell = owner * (hops + 1) + subgraphs.hop.astype(np.int64)
-    kept = np.bincount(cell, minlength=rows * (hops + 1)).reshape(rows, hops + 1)
-    lowest = np.full(rows * (hops + 1), np.inf, np.float32)
-    np.minimum.at(lowest, cell, subgraphs.score.astype(np.float32))
-    lowest = lowest.reshape(rows, hops + 1)
-    room = cfg.budget - np.cumsum(kept, axis=1) + kept  # what was left when each hop began
-    wanted = np.minimum(np.asarray([0, *cfg.keep_per_hop], np.int64)[None, :], np.maximum(room, 0))
-    thresholds = np.where(kept < wanted, -np.inf, np.where(kept > 0, lowest, np.inf))
-    out = np.full((rows, hops + 2), np.inf, np.float32)
-    out[:, 1 : hops + 1] = np.minimum.accumulate(thresholds[:, :0:-1], axis=1)[:, ::-1]
-    return out
-
-
-def _read_entries(kg: KnowledgeGraph, nodes: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(node index, neighbour, base relation, direction) of each CSR entry that expansion reads of
-    ``nodes`` in ``kg``: the sample of at most ``cap`` (``sampled_slices``). Nodes past ``kg``'s read none."""
-    nodes = nodes[nodes < kg.num_nodes]
-    pos, owner = sampled_slices(np.asarray(kg.indptr), nodes, cap)
-    rel = np.asarray(kg.edge_relations)[pos].astype(np.int64)
-    inverse = rel >= kg.num_relations
-    return nodes[owner], np.asarray(kg.neighbors)[pos].astype(np.int64), rel - inverse * kg.num_relations, inverse
-
-
-@njit(cache=True, nogil=True)
-def _in_rows(node_ptr: np.ndarray, nodes: np.ndarray, num_nodes: int, rows: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """bool per pair i: whether node ``others[i]`` is in subgraph ``rows[i]`` (``node_ptr``, ``nodes``).
-    Each run of equal rows stamps its subgraph's nodes once, so pairs grouped by row cost one pass
-    over the pairs and the rows they name, with no sort of every subgraph entry."""
-    stamp = np.full(num_nodes, -1, np.int64)
-    out = np.zeros(rows.shape[0], np.bool_)
-    k = 0
-    while k < rows.shape[0]:
-        row = rows[k]
-        for p in range(node_ptr[row], node_ptr[row + 1]):
-            stamp[nodes[p]] = row
-        while k < rows.shape[0] and rows[k] == row:
-            out[k] = stamp[others[k]] == row
-            k += 1
-    return out
-
-
-def regions_changed_by_edges(
-    kg: KnowledgeGraph,
-    parent_kg: KnowledgeGraph,
-    diff: VersionDiff,
-    config: SeederConfig,
-    subgraphs: SubgraphSet,
-    features_dir: Path,
-) -> np.ndarray:
-    """bool per row of the parent's ``subgraphs``: whether the added and removed edges can change its
-    extraction, with the cosine relation score (``khop.py``). Exact on the safe side: every row it
-    passes extracts the same subgraph on the new version. What a node a reads is its sample (its
-    slice's first ``neighbor_cap`` entries), so each entry a - r -> b that entered or left the sample
-    of a node a expanded at hop h < K is tested, and each added or removed edge for the induced edges:
-
-    - b in the row: its score or the induced edges change;
-    - b outside it, entry left: b lost every hop already, and a lower score changes nothing;
-    - b outside it, entry entered: b now scores at least w1 sim(q,b) + w2 parent(a) + w3 sim(q,r) at
-      every later hop (the best edge term is carried), so it enters only if that reaches the lowest
-      kept score of a hop after h (``_hop_thresholds``);
-    - a hop's ``candidate_cap`` cut moves with the degrees before it: a row whose hop is cut and reads
-      a changed node is extracted again.
-    """
-    cfg = config.expand
-    hops, cap, n, r_new = cfg.hops, cfg.neighbor_cap, kg.num_nodes, kg.num_relations
-    owner = segment_ids(subgraphs.node_ptr)
-    nodes = subgraphs.nodes.astype(np.int64, copy=False)
-    hop = subgraphs.hop.astype(np.int64)
-    source = hop < hops
-    deg_new = np.diff(np.asarray(kg.indptr))
-    deg_old = np.zeros(n, np.int64)
-    deg_old[: parent_kg.num_nodes] = np.diff(np.asarray(parent_kg.indptr))
-    changed = np.zeros(len(subgraphs), dtype=bool)
-
-    cell = owner * hops + np.minimum(hop, hops - 1)
-    size = len(subgraphs) * hops
-    used = np.maximum(
-        np.bincount(cell[source], np.minimum(deg_old, cap)[nodes[source]], minlength=size),
-        np.bincount(cell[source], np.minimum(deg_new, cap)[nodes[source]], minlength=size),
-    )
-    reads_change = np.bincount(cell[source & diff.touched[nodes]], minlength=size) > 0
-    changed[(np.flatnonzero((used > cfg.candidate_cap) & reads_change)) // hops] = True
-
-    # What the touched nodes read before and after: entries that entered or left their samples.
-    touched = np.flatnonzero(diff.touched)
-    width = 2 * max(r_new, parent_kg.num_relations, 1)
-    if n * n * width >= 2**62:
-        raise DataError(f"{n:,} nodes and {width // 2:,} relations: sample entry keys would overflow int64")
-    old, new = _read_entries(parent_kg, touched, cap), _read_entries(kg, touched, cap)
-    old_keys, new_keys = ((a * n + b) * width + 2 * rel + inv for a, b, rel, inv in (old, new))
-    entered = ~isin_sorted(new_keys, old_keys)
-    left = ~isin_sorted(old_keys, new_keys)
-    # Half-edges (anchor a, other b, the CSR relation id a reads, kind): 0 an added or removed edge
-    # (induced edges: any a of the row), 1 an entry that left a sample, 2 one that entered it (a expanded).
-    add, rem = diff.added_edges, diff.removed_edges
-    ends = np.concatenate([add, rem])
-    anchor = np.concatenate([ends[:, 0], ends[:, 2], old[0][left], new[0][entered]])
-    other = np.concatenate([ends[:, 2], ends[:, 0], old[1][left], new[1][entered]])
-    relation = np.concatenate([np.full(2 * len(ends) + int(left.sum()), -1), new[2][entered] + new[3][entered] * r_new])
-    kind = np.repeat([0, 1, 2], [2 * len(ends), int(left.sum()), int(entered.sum())])
-    order = np.argsort(anchor, kind="stable")
-    anchor, other, relation, kind = anchor[order], other[order], relation[order], kind[order]
-    at = np.flatnonzero(diff.touched[nodes])  # every anchor is an endpoint of a changed edge
-    lo = np.searchsorted(anchor, nodes[at], "left")
-    count = np.searchsorted(anchor, nodes[at], "right") - lo
-    entry = np.repeat(at, count)
-    half = ranges(lo[count > 0], count[count > 0])
-    read = (kind[half] == 0) | source[entry]
-    entry, half = entry[read], half[read]
-    row, b = owner[entry], other[half]
-    member = _in_rows(subgraphs.node_ptr, nodes, n, row, b)
-    changed[row[member]] = True
-
-    test = np.flatnonzero(~member & (kind[half] == 2) & ~changed[row])
-    if test.size:
-        node_rows = bfloat16.filter_features(features_dir)
-        query_rows = np.load(Path(features_dir) / "query.npy", mmap_mode="r")
-        relation_rows = np.load(Path(features_dir) / "relation.npy")
-        feature_row = np.searchsorted(np.load(Path(features_dir) / "query_ids.npy"), subgraphs.query_ids)
-        thresholds = _hop_thresholds(subgraphs, cfg)
-        w1, w2, w3 = cfg.weights
-        for lo_t in range(0, test.size, 65_536):
-            part = test[lo_t : lo_t + 65_536]
-            e, r = entry[part], row[part]
-            q = np.asarray(query_rows[feature_row[r]], dtype=np.float32)
-
-            def cosine(ids: np.ndarray) -> np.ndarray:
-                rows_ = np.asarray(node_rows[ids])
-                rows_ = bfloat16.from_bfloat16_bits(rows_) if rows_.dtype == np.uint16 else rows_.astype(np.float32)
-                return np.einsum("ij,ij->i", rows_, q)
-
-            parent = subgraphs.score[e] if cfg.parent_term == "score" else cosine(nodes[e])
-            score = w1 * cosine(b[part]) + w2 * parent + w3 * np.einsum("ij,ij->i", relation_rows[relation[half[part]]], q)
-            enters = score >= thresholds[r, hop[e] + 1] - EDGE_SCORE_MARGIN
-            changed[r[enters]] = True
-    return changed
-
-
 def paths_searched_on(artifacts: Artifacts) -> str:
     """The fingerprint of the dataset version whose graph an artifacts' golden paths were searched on:
     its own, unless an update kept them (with the prior) from an earlier version."""
@@ -1044,7 +814,9 @@ def subgraphs_to_recompute(
     owner = segment_ids(parent_subgraphs.node_ptr)
     reached_parent = np.bincount(owner[hit], minlength=len(parent_subgraphs)) > 0
     if by_edge:
-        reached_parent |= regions_changed_by_edges(kg, parent_kg, diff, config, parent_subgraphs, features_dir)
+        reached_parent |= regions_changed_by_edges(
+            kg, parent_kg, diff.added_edges, diff.removed_edges, diff.touched, config, parent_subgraphs, features_dir
+        )
     reached = np.zeros(len(ids), dtype=bool)
     rows = np.searchsorted(parent_subgraphs.query_ids, ids[known])
     reached[known] = reached_parent[rows]

@@ -331,21 +331,6 @@ def edges_only_change(root: Path, parent: Path, new_relation: bool = False) -> P
     return root / "v3"
 
 
-def test_changed_edges_read_from_the_two_csrs_are_the_edges_tables_difference(versions, tmp_path):
-    """``changed_edges`` compares the CSRs slice by slice; it must find exactly the set difference of
-    the two edges tables, also when a new relation shifts every inverse relation id."""
-    parent, child = versions
-    for new in (child, edges_only_change(tmp_path, parent, new_relation=True)):
-        old_kg, new_kg = open_dataset(parent), open_dataset(new)
-        triples = [
-            set(zip(*(kg.table("edges").column(c).to_pylist() for c in ("src", "relation", "dst")))) for kg in (old_kg, new_kg)
-        ]
-        added, removed = inc.changed_edges(old_kg, new_kg)
-        assert {tuple(e) for e in added.tolist()} == triples[1] - triples[0]
-        assert {tuple(e) for e in removed.tolist()} == triples[0] - triples[1]
-        assert len(added) and len(removed)
-
-
 def test_an_update_of_edges_only_embeds_nothing_and_equals_a_full_run(versions, tmp_path):
     parent, _ = versions
     child = edges_only_change(tmp_path, parent)
@@ -465,14 +450,3 @@ def test_every_question_whose_entity_links_change_is_seeded_again_and_few_others
     assert differ.sum() >= 2, "the change set must change the links of the questions naming the two nodes"
     assert screened[kept][differ].all(), [kept_texts[i] for i in np.flatnonzero(differ & ~screened[kept])]
     assert screened[kept].mean() < 0.25
-
-
-def test_the_compiled_entry_hash_is_the_csrs_edge_hash():
-    """The update merges two versions' slices by the hash ``build_csr`` ordered them by: a different
-    hash would still give the right edges, only by marking whole slices."""
-    from seeder.data.store import edge_hashes
-
-    rng = np.random.default_rng(5)
-    heads, tails, rels = rng.integers(0, 2**31, 500), rng.integers(0, 2**31, 500), rng.integers(0, 200, 500)
-    compiled = [int(inc._entry_hash(np.uint64(h), np.uint64(t), np.uint64(r))) for h, t, r in zip(heads, tails, rels)]
-    assert compiled == edge_hashes(heads, tails, rels).astype(np.int64).tolist()
