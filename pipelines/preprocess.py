@@ -588,7 +588,8 @@ def run_stages(
         if done is None:
             start = time.perf_counter()
             info = body(stage)
-            done = stage.commit({"seconds": time.perf_counter() - start, "info": info})
+            linked_from = update.parent.path / name if update is not None else None
+            done = stage.commit({"seconds": time.perf_counter() - start, "info": info}, linked_from=linked_from)
             skipped = False
             recomputed.append(name)
         else:

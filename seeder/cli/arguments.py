@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import re
 
-from seeder.serving.retriever import ENCODER_PRECISIONS
-
 _RST = re.compile(r"``(.+?)``|\*\*(.+?)\*\*")
 
 
@@ -62,6 +60,10 @@ def positive_int(text: str) -> int:
 def add_encoder_precision_argument(parser, defaults_shown: bool = False) -> None:
     """``--encoder-precision``, shared by ``seeder retrieve`` and ``seeder serve`` (whose help formatter
     shows defaults itself: ``defaults_shown``)."""
+    # Imported here: the Ray entry points take this module for the help format alone, and the
+    # retriever's imports would cost every preprocessing run (an update's included) a third of a second.
+    from seeder.serving.retriever import ENCODER_PRECISIONS
+
     parser.add_argument(
         "--encoder-precision",
         choices=ENCODER_PRECISIONS,

@@ -306,15 +306,16 @@ class StageDir:
         """Drop a working directory kept from an earlier run (its inputs were recomputed since)."""
         shutil.rmtree(self.partial, ignore_errors=True)
 
-    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Record the files written (sizes, rows, checksums), write the manifest last, then swap the
-        working directory into place."""
+    def commit(self, manifest: dict[str, Any], linked_from: Path | None = None) -> dict[str, Any]:
+        """Record the files written (sizes, rows, checksums; a file linked from the stage directory
+        ``linked_from`` keeps its checksum there), write the manifest last, then swap the working
+        directory into place."""
         manifest = {"stage": self.name, "fingerprint": self.fingerprint, "completed": now(), "layout": self.layout, **manifest}
         (self.partial / "partial.json").unlink(missing_ok=True)
         for stray in self.partial.rglob(".*.tmp-*"):
             stray.unlink()
         start = time.perf_counter()
-        manifest["files"] = file_records(self.partial)
+        manifest["files"] = file_records(self.partial, linked_from=linked_from)
         manifest["record_seconds"] = round(time.perf_counter() - start, 4)
         write_manifest(self.partial, manifest)
         if self.target.exists():

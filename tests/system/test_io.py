@@ -164,6 +164,32 @@ def test_file_records_list_every_output_with_bytes_rows_and_checksum(tmp_path):
     assert "xxh3" not in file_records(directory, checksum=False)["node.npy"]
 
 
+def test_a_file_linked_from_a_recorded_directory_takes_over_its_checksum(tmp_path):
+    """An update links its parent's unchanged files: their recorded checksums are taken over without
+    reading them, but only for the same inode and size; a copy, or a file edited since, is read."""
+    import shutil
+
+    import numpy as np
+
+    from seeder.system.io import checksum_file, file_records, write_manifest
+
+    parent = _stage_dir(tmp_path)
+    records = file_records(parent)
+    records["node.npy"]["xxh3"] = "recorded"  # what only a taken-over record can carry
+    records["part-000000.parquet"]["xxh3"] = "recorded"
+    write_manifest(parent, {"files": records})
+    child = tmp_path / "child"
+    child.mkdir()
+    os.link(parent / "node.npy", child / "node.npy")
+    shutil.copy(parent / "part-000000.parquet", child / "part-000000.parquet")
+    taken = file_records(child, linked_from=parent)
+    assert taken["node.npy"]["xxh3"] == "recorded"
+    assert taken["part-000000.parquet"]["xxh3"] == checksum_file(child / "part-000000.parquet")
+    (child / "node.npy").unlink()
+    np.save(child / "node.npy", np.ones((7, 3), np.float32))  # the same size, another inode
+    assert file_records(child, linked_from=parent)["node.npy"]["xxh3"] == checksum_file(child / "node.npy")
+
+
 def test_verify_outputs_names_each_missing_truncated_damaged_or_stray_file(tmp_path):
     from seeder.system.io import file_records, verify_outputs
 
