@@ -270,12 +270,17 @@ def on_node(task, *args):
     return shard, {**info, "node": ray.get_runtime_context().get_node_id()}
 
 
+def query_layout(args) -> dict:
+    """The shard layout of a stage of query blocks: a working directory of another is started afresh."""
+    return {"query_block": args.query_block}
+
+
 def run_query_blocks(ray, stage: pp.StageDir, task, query_ids, dataset: str, artifacts: str, config: SeederConfig, args) -> dict:
     """One Ray task per block of queries; each reads the dataset and the finished stages from their
     locations (``dataset``, ``artifacts``) and returns its shard through the object store, and the
     driver writes it, so that no task touches a path of the driver. A rerun keeps finished shards."""
     blocks = pp.query_blocks(query_ids, args.query_block)
-    work = stage.open({"query_block": args.query_block})
+    work = stage.open(query_layout(args))
     todo = [b for b in range(len(blocks)) if not pp.subgraph_shard_path(work, b).exists()]
     if len(todo) < len(blocks):
         print(f"{stage.name}: resuming, {len(blocks) - len(todo)} of {len(blocks)} blocks kept", flush=True)
@@ -422,9 +427,12 @@ def update_query_stage(
     """A stage of query shards in an update: ``ids`` computed as a full run computes them (one Ray task
     per block), then ``keep(directory)`` writes the parent's rows of every other question."""
     local = need_ray is None or not len(ids) or small_update(args, len(ids))
-    info = run_query_blocks(None if local else need_ray(), stage, task, ids, dataset, inputs, config, args)
-    kept = keep(stage.partial)
-    return {**info, "recomputed": int(len(ids)), "kept": int(kept)}
+    # The parent's rows are written while the blocks are computed: Arrow's writer releases the GIL, and
+    # the blocks' kernels are bound by memory more than by the cores.
+    with ThreadPoolExecutor(1) as writer:
+        kept = writer.submit(keep, stage.open(query_layout(args)))
+        info = run_query_blocks(None if local else need_ray(), stage, task, ids, dataset, inputs, config, args)
+        return {**info, "recomputed": int(len(ids)), "kept": int(kept.result())}
 
 
 SMALL_UPDATE = 65536

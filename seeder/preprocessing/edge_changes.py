@@ -136,41 +136,45 @@ it: the compiled hops sum each cosine in their own order, this test in numpy's (
 
 
 @njit(cache=True, nogil=True)
-def _rows_reading_changes(node_ptr, nodes, hop, hops, touched, ip_old, ip_new, cap, candidate_cap, anchor, other, kind):
+def _rows_reading_changes(node_ptr, nodes, hop, hops, touched, moved, ip_old, ip_new, cap, candidate_cap, anchor, other, kind):
     """The regions test's pass over the parent's subgraph rows. Half-edges are sorted by ``anchor``
     (``other`` the node at the far end, ``kind`` 0 an added or removed edge, 1 an entry that left a
-    sample, 2 one that entered it). Returns ``changed`` per row, and for the rows it leaves open the
-    pairs (entry position, half-edge) to score: an entered entry of an expanded node whose far end lies
-    outside the row. Each row's nodes are stamped once, so membership costs one pass, with no sort."""
+    sample, 2 one that entered it); ``touched`` marks every anchor, ``moved`` the nodes whose sample
+    changed. Returns ``changed`` per row, and for the rows it leaves open the pairs (entry position,
+    half-edge) to score: an entered entry of an expanded node whose far end lies outside the row. Each
+    row's nodes are stamped once, so membership costs one pass, with no sort."""
     rows = node_ptr.shape[0] - 1
     n_old = ip_old.shape[0] - 1
     changed = np.zeros(rows, np.bool_)
-    stamp = np.full(ip_new.shape[0] - 1, -1, np.int64)
+    stamp = np.full(ip_new.shape[0] - 1, -1, np.int32)  # int32: half the cache lines of its random reads
     pair_entry = np.empty(1024, np.int64)
     pair_half = np.empty(1024, np.int64)
     pairs = 0
-    used_old = np.zeros(hops, np.int64)
-    used_new = np.zeros(hops, np.int64)
-    reads = np.zeros(hops, np.bool_)
+    reads_moved = np.zeros(hops, np.bool_)
     for row in range(rows):
         lo, hi = node_ptr[row], node_ptr[row + 1]
-        used_old[:] = 0
-        used_new[:] = 0
-        reads[:] = False
+        reads_moved[:] = False
         any_touched = False
         for p in range(lo, hi):
             a = nodes[p]
             any_touched |= touched[a]
-            h = hop[p]
-            if h < hops:
-                used_old[h] += min(ip_old[a + 1] - ip_old[a], cap) if a < n_old else 0
-                used_new[h] += min(ip_new[a + 1] - ip_new[a], cap)
-                reads[h] |= touched[a]
+            if hop[p] < hops:
+                reads_moved[hop[p]] |= moved[a]
         if not any_touched:
             continue
-        # A hop's candidate_cap cut moves with the degrees before it: a cut hop that reads a change.
+        # khop.py's candidate_cap: a hop takes its sources' samples in order until the cap. A hop whose
+        # sources' samples are all unchanged reads the same candidates, cut or not; one that reads a
+        # changed sample and is cut (in either version) may cut elsewhere.
         for h in range(hops):
-            if reads[h] and max(used_old[h], used_new[h]) > candidate_cap:
+            if not reads_moved[h]:
+                continue
+            used_old, used_new = 0, 0
+            for p in range(lo, hi):
+                if hop[p] == h:
+                    a = nodes[p]
+                    used_old += min(ip_old[a + 1] - ip_old[a], cap) if a < n_old else 0
+                    used_new += min(ip_new[a + 1] - ip_new[a], cap)
+            if max(used_old, used_new) > candidate_cap:
                 changed[row] = True
         if changed[row]:
             continue
@@ -255,8 +259,8 @@ def regions_changed_by_edges(
     - b outside it, entry entered: b now scores at least w1 sim(q,b) + w2 parent(a) + w3 sim(q,r) at
       every later hop (the best edge term is carried), so it enters only if that reaches the lowest
       kept score of a hop after h (``_entry_thresholds``);
-    - a hop's ``candidate_cap`` cut moves with the degrees before it: a row whose hop is cut and reads
-      a changed node is extracted again.
+    - a hop's ``candidate_cap`` cut moves with its sources' samples: a row whose hop is cut and reads
+      a changed sample is extracted again.
     """
     cfg = config.expand
     left, entered = _entry_differences(parent_kg, kg, np.flatnonzero(touched), cfg.neighbor_cap)
@@ -269,12 +273,16 @@ def regions_changed_by_edges(
     kind = np.repeat(np.array([0, 1, 2], np.int8), [2 * len(ends), len(left), len(entered)])
     order = np.argsort(anchor, kind="stable")
     anchor, other, relation, kind = anchor[order], other[order], relation[order], kind[order]
+    moved = np.zeros(len(touched), np.bool_)
+    moved[left[:, 0]] = True
+    moved[entered[:, 0]] = True
     changed, entry, half = _rows_reading_changes(
         subgraphs.node_ptr,
         subgraphs.nodes,
         subgraphs.hop,
         cfg.hops,
         touched,
+        moved,
         np.asarray(parent_kg.indptr),
         np.asarray(kg.indptr),
         cfg.neighbor_cap,
