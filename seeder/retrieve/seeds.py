@@ -119,6 +119,20 @@ def normalise_texts(texts: list[str] | pa.Array) -> pa.Array:
     return pc.utf8_trim_whitespace(arr)
 
 
+def _split_words(texts: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]:
+    """The words of normalised ``texts``, flat: (words, text row, position in its text, words from
+    each to the end of its text). An empty text has none (it splits into one empty word)."""
+    tokens = pc.split_pattern(texts, " ")
+    counts = pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64)
+    words = pc.list_flatten(tokens)
+    row = np.repeat(np.arange(len(texts)), counts)
+    keep = pc.not_equal(words, "").to_numpy(zero_copy_only=False)
+    counts = np.bincount(row[keep], minlength=len(texts))
+    words, row = words.filter(pa.array(keep)), row[keep]
+    position = positions_within(counts)
+    return words, row, position, counts[row] - position
+
+
 class EntityLinker:
     """Finds node names mentioned in plain query text (exact match after normalisation).
 
@@ -155,31 +169,61 @@ class EntityLinker:
         order = np.argsort(codes, kind="stable")
         self.node_ids = node_ids[order].astype(np.int64)
         self.names = kg.node_names  # original spelling, read only where a name is shared
-        counts = np.bincount(codes, minlength=len(encoded.dictionary))
-        starts = np.concatenate([[0], np.cumsum(counts)])
-        self.slices = dict(zip(encoded.dictionary.to_pylist(), zip(starts[:-1].tolist(), starts[1:].tolist())))
+        self.dictionary = encoded.dictionary  # the distinct usable names: a mention is its index here
+        self.name_starts = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(self.dictionary)))])
         self.max_tokens = int(tokens[usable].max()) if usable.any() else 0
-        self.query_counts: dict[str, int] = {}
-        # The graph's own questions are scanned here once; linking them later (preprocessing) reuses it.
-        self._known_mentions: dict[str, list[tuple[int, int, str]]] = {}
-        for text in normalise_texts(kg.table("queries", ["text"]).column("text")).to_pylist():
-            mentions = self._known_mentions[text] = self._mentions(text.split())
-            for name in {m[2] for m in mentions}:
-                self.query_counts[name] = self.query_counts.get(name, 0) + 1
+        self.prefixes = self._name_prefixes()
+        # How many of the graph's own questions mention each name: one vectorised scan of them all.
+        row, _, _, code = self._scan(normalise_texts(kg.table("queries", ["text"]).column("text")))[:4]
+        distinct = np.unique(row * len(self.dictionary) + code)
+        self.query_counts = np.bincount(distinct % max(len(self.dictionary), 1), minlength=len(self.dictionary))
 
-    def _mentions(self, words: list[str]) -> list[tuple[int, int, str]]:
-        """Every (start, length, name) where a node name occurs as a word n-gram."""
-        found = []
-        for n in range(min(self.max_tokens, len(words)), 0, -1):
-            for start in range(len(words) - n + 1):
-                name = " ".join(words[start : start + n])
-                if name in self.slices:
-                    found.append((start, n, name))
-        return found
+    def _name_prefixes(self) -> list[tuple[pa.Array, np.ndarray]]:
+        """Per word count n (item n - 1): the distinct n-word prefixes of the names, and the name code of
+        each (-1: a prefix that is no name). A scan extends an n-gram only while it is such a prefix."""
+        words, row, position, remaining = _split_words(self.dictionary)
+        starts = np.flatnonzero(position == 0)
+        prefixes, current = [], words.take(pa.array(starts))
+        for n in range(1, self.max_tokens + 1):
+            if n > 1:
+                room = remaining[starts] >= n
+                starts = starts[room]
+                current = pc.binary_join_element_wise(current.filter(pa.array(room)), words.take(pa.array(starts + n - 1)), " ")
+            distinct = pc.unique(current)
+            code = np.full(len(distinct), -1, np.int64)
+            whole = remaining[starts] == n
+            code[pc.index_in(current.filter(pa.array(whole)), value_set=distinct).to_numpy()] = row[starts[whole]]
+            prefixes.append((distinct, code))
+        return prefixes
+
+    def _scan(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, ...]:
+        """(row, start, length, name code, words per text) of every word n-gram of the normalised
+        ``texts`` that is a node name: all texts at once, by word count, each n-gram built from one a
+        word shorter that begins a name (``_name_prefixes``), so that few are built past a word or two."""
+        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        words, text_row, position, remaining = _split_words(texts)
+        num_words = np.bincount(text_row, minlength=len(texts))
+        starts, current = np.arange(len(words)), words
+        found: list[tuple[np.ndarray, ...]] = []
+        for n, (prefixes, name_code) in enumerate(self.prefixes, 1):
+            if n > 1:
+                room = remaining[starts] >= n
+                starts = starts[room]
+                current = pc.binary_join_element_wise(current.filter(pa.array(room)), words.take(pa.array(starts + n - 1)), " ")
+            at = pc.fill_null(pc.index_in(current, value_set=prefixes), -1).to_numpy()
+            alive = at >= 0
+            starts, current, code = starts[alive], current.filter(pa.array(alive)), name_code[at[alive]]
+            name = code >= 0
+            found.append((starts[name], np.full(int(name.sum()), n, np.int64), code[name]))
+            if not len(starts):
+                break
+        first, length, code = (np.concatenate([f[i] for f in found]) if found else np.zeros(0, np.int64) for i in range(3))
+        return text_row[first], position[first], length, code, num_words
 
     def mentioned_names(self, texts: list[str]) -> set[str]:
         """The names (normalised) that occur in any of ``texts`` as a word n-gram."""
-        return {m[2] for text in normalise_texts(texts).to_pylist() for m in self._mentions(text.split())}
+        code = self._scan(normalise_texts(texts))[3]
+        return set(self.dictionary.take(pa.array(np.unique(code))).to_pylist())
 
     def _verbatim_first(self, ids: np.ndarray, raw: str | None) -> list[int]:
         """Nodes sharing one normalised name, those spelled in ``raw`` exactly as named first."""
@@ -191,25 +235,25 @@ class EntityLinker:
     def link(self, texts: list[str]) -> list[np.ndarray]:
         """Per text, the node ids of the names it mentions, rarest mention first (then longest, then
         left to right); mentions never overlap; at most ``seed.entity_max`` ids (empty when none)."""
-        out = []
         raw_texts = texts.to_pylist() if isinstance(texts, (pa.Array, pa.ChunkedArray)) else list(texts)
-        for raw, text in zip(raw_texts, normalise_texts(texts).to_pylist()):
-            words = text.split()
-            used = np.zeros(len(words), dtype=bool)
+        row, start, length, code, num_words = self._scan(normalise_texts(texts))
+        order = np.lexsort((start, -length, self.query_counts[code], row))
+        bounds = np.searchsorted(row[order], np.arange(len(raw_texts) + 1))
+        start, length, code = (a[order].tolist() for a in (start, length, code))
+        out = []
+        for i, raw in enumerate(raw_texts):  # the choice among one text's mentions is sequential
+            used = np.zeros(num_words[i], dtype=bool)
             found: list[int] = []
-            known = self._known_mentions.get(text)
-            mentions = self._mentions(words) if known is None else known
-            mentions = sorted(mentions, key=lambda m: (self.query_counts.get(m[2], 0), -m[1], m[0]))
-            for start, n, name in mentions:
+            for k in range(bounds[i], bounds[i + 1]):
                 if len(found) >= self.max_entities:
                     break
-                if used[start : start + n].any():
+                s, n = start[k], length[k]
+                if used[s : s + n].any():
                     continue
-                used[start : start + n] = True
-                lo, hi = self.slices[name]
+                used[s : s + n] = True
+                lo, hi = self.name_starts[code[k]], self.name_starts[code[k] + 1]
                 found.extend(self._verbatim_first(self.node_ids[lo:hi], raw))
-            ids = np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities]
-            out.append(ids)
+            out.append(np.asarray(list(dict.fromkeys(found)), dtype=np.int64)[: self.max_entities])
         return out
 
 

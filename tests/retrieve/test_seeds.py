@@ -189,11 +189,48 @@ def test_entity_linking_prefers_the_rarest_mention(tmp_path):
     queries = pa.table({"id": [0, 1, 2], "text": texts, "answers": [[0], [0], [0]], "split": ["val"] * 3})
     kg = make_graph(tmp_path / "kg", [0], [1], [0], len(names), 1, names=names, queries=queries)
     linker = EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=1))
-    assert linker.query_counts == {"film": 3, "k2": 1, "hotel": 2, "director": 1}
+    assert dict(zip(linker.dictionary.to_pylist(), linker.query_counts.tolist())) == {
+        "film": 3,
+        "k2": 1,
+        "hotel": 2,
+        "director": 1,
+    }
     found = linker.link(["the film K2 was directed by who", "the film Hotel was directed by who"])
     assert [f.tolist() for f in found] == [[1], [3]]
     # Equal counts: the longer, then the earlier mention wins.
     assert EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=2)).link(["director of K2"])[0].tolist() == [2, 1]
+
+
+def test_entity_scan_finds_every_name_a_word_ngram_spells(tmp_path):
+    """The scan extends an n-gram only while it begins some name: it must still find every mention a
+    plain scan of all n-grams finds, where names nest ("the matrix" in "the matrix reloaded") or share
+    words without nesting ("new york city" holds "york" but not "new york")."""
+    names = ["New York City", "york", "The Matrix", "the matrix reloaded", "Reloaded", "city lights", "x"]
+    texts = [
+        "who filmed the matrix reloaded in new york city",
+        "new york at night",
+        "city lights of york city",
+        "the the matrix",
+    ]
+    queries = pa.table(
+        {"id": list(range(len(texts))), "text": texts, "answers": [[0]] * len(texts), "split": ["val"] * len(texts)}
+    )
+    kg = make_graph(tmp_path / "kg", [0], [1], [0], len(names), 1, names=names, queries=queries)
+    texts.append("")  # a question linked later may be empty; a dataset's may not
+    linker = EntityLinker(kg, SeedConfig(entity_min_chars=2, entity_max=3))
+    known = {name.lower() for name in names if len(name) >= 2}
+    expected = {
+        (row, start, n, " ".join(words[start : start + n]))
+        for row, words in enumerate(text.split() for text in texts)
+        for n in range(1, len(words) + 1)
+        for start in range(len(words) - n + 1)
+        if " ".join(words[start : start + n]) in known
+    }
+    row, start, length, code, num_words = linker._scan(pa.array(texts))
+    spelled = linker.dictionary.take(pa.array(code)).to_pylist()
+    assert set(zip(row.tolist(), start.tolist(), length.tolist(), spelled)) == expected
+    assert len(row) == len(expected) and num_words.tolist() == [len(t.split()) for t in texts]
+    assert [ids.tolist() for ids in linker.link(["the matrix reloaded in york"])] == [[3, 1]]
 
 
 def test_given_seeds_read_the_topic_attribute_and_refuse_bad_ones(tmp_path):
