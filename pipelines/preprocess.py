@@ -38,6 +38,7 @@ from pipelines.ray_runtime import add_ray_arguments, cluster_address, start_ray
 from seeder.cli.arguments import HelpFormatter
 from seeder.config import ConfigError, SeederConfig, load_config, parse_overrides, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
+from seeder.data.subgraphs import SubgraphSet
 from seeder.features.embed import EncoderUDF
 from seeder.preprocessing import incremental as inc
 from seeder.preprocessing import stages as pp
@@ -383,7 +384,16 @@ class Update:
         )
         layout = (read_manifest(parent.path / "embed") or {}).get("layout", {})
         self.shard_rows = int(layout.get("shard_rows", 10_000))
+        # The parent's subgraphs are read on a thread of their own while the versions are compared
+        # (Arrow's reader releases the GIL): the subgraphs stage needs them unless the prior is refitted.
+        self._reader = ThreadPoolExecutor(1)
+        self._parent_subgraphs = None if self.refit_prior else self._reader.submit(SubgraphSet.read, parent.path / "subgraphs")
+        self._reader.shutdown(wait=False)
         self.diff = inc.diff_versions(self.parent_kg, kg)
+
+    def parent_subgraphs(self):
+        """The parent's subgraphs (``SubgraphSet``), or None when the prior is refitted."""
+        return None if self._parent_subgraphs is None else self._parent_subgraphs.result()
 
     def record(self) -> dict:
         return {
@@ -808,13 +818,21 @@ def run_update(
             "queries",
             "relation-path prior kept from the parent",
         )
-    from seeder.data.subgraphs import SubgraphSet
-
     ids = np.load(out / "features" / "query_ids.npy")
+    warm = None
+    if len(ids) and (need_ray is None or cluster_address(args.ray_address) is None):
+        # What an in-process extraction opens once (the graph index, the mapped features) is built on
+        # a thread of its own while the regions test below runs (numpy and compiled, so mostly outside
+        # the GIL); finished_blocks then finds it built.
+        warmer = ThreadPoolExecutor(1)
+        warm = warmer.submit(pp.expand_block, dataset, inputs, ids[:1], to_dict(config))
+        warmer.shutdown(wait=False)
     why = {"all": "the prior was fitted again"}
-    previous = None if update.refit_prior else SubgraphSet.read(parent / "subgraphs")
+    previous = update.parent_subgraphs()
     if previous is not None:
         ids, why = inc.subgraphs_to_recompute(kg, diff, config, previous, seeds, reseeded, update.parent_kg, out / "features")
+    if warm is not None:
+        warm.result()
     stage_run(
         "subgraphs",
         lambda s: {
@@ -852,8 +870,6 @@ def finish(
     manifest: dict,
 ) -> None:
     """The run summary (and, for an update, what it recomputed), written once every stage is done."""
-    from seeder.data.subgraphs import SubgraphSet
-
     subgraphs = SubgraphSet.read(out / "subgraphs", ordered=False)
     ceiling = pp.ceilings(subgraphs, kg)
     summary = {
