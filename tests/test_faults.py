@@ -151,6 +151,136 @@ def test_a_killed_update_never_looks_complete_and_its_rerun_is_identical(inputs,
     assert bench.same("import", parent, bench.snapshot(parent_run, "import")) == ""
 
 
+def _stages_that_look_complete_verify(artifacts: Path) -> str:
+    """'' when every stage with a manifest verifies file by file, and a summary exists only with them all."""
+    from seeder.system.io import read_manifest, verify_outputs
+
+    if not artifacts.exists():
+        return ""
+    for stage in sorted(p for p in artifacts.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        manifest = read_manifest(stage)
+        if manifest is not None and (problems := verify_outputs(stage, manifest, deep=True)):
+            return f"{stage.name} looks complete but: {problems[0]}"
+    done = {p.parent.name for p in artifacts.glob("*/manifest.json")}
+    if (artifacts / "summary.json").exists() and not {"embed", "features", "seeds", "subgraphs"} <= done:
+        return f"summary.json written with only {sorted(done)} complete"
+    return ""
+
+
+@pytest.mark.slow
+def test_kills_at_random_points_of_an_update_preprocessing_resume_to_the_same_artifacts(inputs, tmp_path):
+    """``pipelines/preprocess.py --update``, killed (its process group, -9) at 10 random delays: nothing
+    looks complete that is not, and each rerun of the same command equals an uninterrupted update file
+    by file. The parent's artifacts are never touched."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cmds = bench.commands(inputs, run, "ray", rerun=False)
+    for step in ("import", "preprocess"):
+        done = _run(in_the_driver(cmds[step]), run)
+        assert done.returncode == 0, f"{step}: {done.stderr[-2000:]}"
+    parent = bench.file_hashes(run / "artifacts")
+    lines = (inputs / "triples.tsv").read_text().splitlines()[1:]
+    change = tmp_path / "change.tsv"
+    change.write_text(
+        "head\trelation\ttail\top\n"
+        + "".join(f"{line}\tremove\n" for line in lines[::40])
+        + "".join(f"new node {i}\t{lines[i].split(chr(9))[1]}\t{lines[i].split(chr(9))[2]}\tadd\n" for i in range(0, 200, 10))
+    )
+    imported = _run(
+        [
+            sys.executable,
+            "-m",
+            "seeder.cli",
+            "import",
+            "triples",
+            "--update",
+            str(run / "dataset"),
+            "--triples",
+            str(change),
+            "--out",
+            str(run / "v2"),
+        ],
+        run,
+    )
+    assert imported.returncode == 0, imported.stderr[-2000:]
+
+    def update(out: Path) -> list[str]:
+        script = str(bench.REPO / "pipelines" / "preprocess.py")
+        return [
+            sys.executable,
+            script,
+            "--dataset",
+            str(run / "v2"),
+            "--out",
+            str(out),
+            "--update",
+            str(run / "artifacts"),
+            "--query-block",
+            "25",
+        ]
+
+    start = time.perf_counter()
+    done = _run(update(run / "reference"), run)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    reference = {"files": bench.file_hashes(run / "reference"), "stages": bench.stage_records(run / "reference")}
+
+    rng = random.Random(SEED + 2)
+    landed = 0
+    for delay in sorted(rng.uniform(0.3, took) for _ in range(10)):
+        out = run / "a2"
+        rc, _ = bench.kill_at(update(out), run, tmp_path / "steps.log", delay)
+        landed += rc is None
+        assert _stages_that_look_complete_verify(out) == "", f"killed after {delay:.2f}s"
+        rerun = _run(update(out), run)
+        assert rerun.returncode == 0, f"killed after {delay:.2f}s: {rerun.stdout[-2000:]} {rerun.stderr[-2000:]}"
+        found = {"files": bench.file_hashes(out), "stages": bench.stage_records(out)}
+        assert bench.same("preprocess", reference, found) == "", f"killed after {delay:.2f}s"
+        assert bench.leftovers(out) == [], f"killed after {delay:.2f}s"
+        shutil.rmtree(out)
+    assert landed >= 6, f"only {landed} of 10 kills landed before the update finished"
+    assert bench.file_hashes(run / "artifacts") == parent
+
+
+# A process that loads a model on one version and switches it to the next (``Retriever.reload``, what
+# ``seeder serve``'s admin route calls), then prints the new version's answers.
+SWITCH = (
+    "import json, sys\n"
+    "from seeder import Retriever\n"
+    "old = Retriever.load(sys.argv[1], artifacts=sys.argv[2])\n"
+    "new = old.reload(sys.argv[3])\n"
+    "hits = new.retrieve(json.loads(sys.argv[4]), k=5)\n"
+    "print(json.dumps([[h.dataset, [n.id for n in h.nodes], [n.score for n in h.nodes]] for h in hits]))\n"
+)
+
+
+@pytest.mark.slow
+def test_kills_at_random_points_of_a_switch_leave_both_versions_as_they_were(tmp_path):
+    """A switch of versions killed with -9 at 10 random points: it writes nothing, so neither version's
+    files change, and the switch run again answers exactly as an uninterrupted one. (A switch that
+    would go to artifacts still being written is refused: ``tests/serving/test_retriever.py``.)"""
+    from tests.pipelines.test_serve_switch import _versions
+
+    model, v1, v2, questions, _ = _versions(tmp_path)
+    versions = {v: bench.file_hashes(Path(v)) for v in (v1, v2)}
+    switch = [sys.executable, "-c", SWITCH, str(model), str(v1), str(v2), json.dumps(questions[:4])]
+    start = time.perf_counter()
+    done = _run(switch, tmp_path)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = done.stdout
+
+    rng = random.Random(SEED + 3)
+    landed = 0
+    for delay in sorted(rng.uniform(0.3, took) for _ in range(10)):
+        rc, _ = bench.kill_at(switch, tmp_path, tmp_path / "steps.log", delay)
+        landed += rc is None
+        assert {v: bench.file_hashes(Path(v)) for v in versions} == versions, f"killed after {delay:.2f}s"
+        again = _run(switch, tmp_path)
+        assert again.returncode == 0 and again.stdout == reference, f"killed after {delay:.2f}s: {again.stderr[-2000:]}"
+    assert landed >= 6, f"only {landed} of 10 kills landed before the switch finished"
+
+
 # -- training --------------------------------------------------------------------------------------------
 
 from tests.pipelines.test_train import artifacts  # noqa: E402,F401  (hand-written artifacts, no Ray)

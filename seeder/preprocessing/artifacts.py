@@ -125,6 +125,20 @@ class Artifacts:
                 f"{self.rerun_hint()} to recompute what is missing"
             )
 
+    def check_finished(self) -> None:
+        """Refuse artifacts whose preprocessing has not finished (killed, or still running): every stage
+        the run set out to write (the top manifest's ``fingerprints``) must be complete with that
+        fingerprint. A switch of a live service checks this, so that it never answers from a version
+        that is half there; a DataError names the first unfinished stage and the fix."""
+        for stage, fingerprint in (self.manifest.get("fingerprints") or {}).items():
+            if (read_manifest(self.path / stage) or {}).get("fingerprint") != fingerprint:
+                parent = ((self.manifest.get("update") or {}).get("parent") or {}).get("path")
+                hint = self.rerun_hint()[:-1] + (f" --update {parent}`" if parent else "`")
+                raise DataError(
+                    f"{self.path}/{stage}: this stage is not finished (killed, or still being written), so the "
+                    f"artifacts are not a complete version; {hint} to finish them first"
+                )
+
     def _require(self, stage: str) -> Path:
         directory = self.path / stage
         if read_manifest(directory) is None:

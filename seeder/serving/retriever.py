@@ -252,8 +252,10 @@ class Retriever:
         reference (``retriever = retriever.reload(new)``), after ``warm_up`` for a first call without
         index building. The new artifacts must share the model's features: the same version, an update
         built in the encoder's feature space (``reduce.dim: 0``), or another graph in it (zero-shot), as
-        ``check_compatible`` decides; ``accept_mismatch`` as in ``load``."""
+        ``check_compatible`` decides; ``accept_mismatch`` as in ``load``. Artifacts whose preprocessing has
+        not finished are refused (``Artifacts.check_finished``)."""
         opened = open_artifacts(artifacts, accept_mismatch=accept_mismatch)
+        opened.check_finished()
         zero_shot = check_compatible(self.info, opened, self.source, accept_mismatch=accept_mismatch)
         new = Retriever(
             self.model,  # already on the device, and compiled in place when this one is

@@ -519,6 +519,31 @@ def test_reload_switches_to_an_updated_version_and_the_old_retriever_keeps_its_o
     assert int((~new.live_nodes).sum()) == 1 and old.live_nodes is None
 
 
+def test_reload_refuses_artifacts_whose_preprocessing_has_not_finished(tmp_path):
+    """A switch never goes to a version that is half there: artifacts of an update killed (or still
+    running) before a stage finished are refused, naming the stage and the rerun with its ``--update``,
+    and once that stage is complete with the planned fingerprint the same switch succeeds."""
+    import shutil
+
+    from seeder import Retriever
+    from seeder.system.io import DataError, read_manifest, write_manifest
+    from tests.pipelines.test_serve_switch import _versions
+
+    model, v1, v2, questions, (_, version2) = _versions(tmp_path)
+    planned = {stage: f"planned {stage}" for stage in ("features", "subgraphs")}
+    for stage, fingerprint in planned.items():  # as preprocessing records them (hand-built ones have none)
+        write_manifest(Path(v2) / stage, {**read_manifest(Path(v2) / stage), "fingerprint": fingerprint})
+    top = read_manifest(v2)
+    write_manifest(v2, {**top, "fingerprints": planned, "update": {"parent": {"path": str(v1)}}})
+    old = Retriever.load(model, artifacts=v1)
+    stage_manifest = Path(v2) / "subgraphs" / "manifest.json"
+    shutil.move(stage_manifest, tmp_path / "held")
+    with pytest.raises(DataError, match=rf"subgraphs: this stage is not finished.*--update {v1}"):
+        old.reload(v2)
+    shutil.move(tmp_path / "held", stage_manifest)
+    assert old.reload(v2).retrieve(questions[:1], k=5)[0].dataset == version2
+
+
 def test_reload_refuses_another_pca_space_and_names_the_way_out(tmp_path):
     """With a PCA fitted again for the update (``reduce.dim`` > 0), the model's features are not the
     update's: an error that says to build in the encoder's space or retrain."""
