@@ -320,7 +320,21 @@ def build_dataset(
         "generated": int(len(rows)),
         "real_kept": int(real.num_rows),
     }
-    write_dataset(out, kg.nodes, kg.relations, kg.table("edges"), queries, source=source_info, overwrite=overwrite)
+    edges = kg.table("edges")
+    # The graph is the source's: its triples keep their provenance, read by the version that read them.
+    edge_sources = [
+        {**entry, "dataset": entry.get("dataset") or kg.fingerprint} for entry in kg.manifest.get("edge_sources") or []
+    ]
+    write_dataset(
+        out,
+        kg.nodes,
+        kg.relations,
+        edges,
+        queries,
+        source=source_info,
+        overwrite=overwrite,
+        edge_sources=edge_sources if "source_file" in edges.column_names else None,
+    )
     by_hop = np.bincount(made["lengths"][rows], minlength=cfg.max_hops + 1)[1:]
     per_hop = ", ".join(f"{c:,} of {h + 1} hop{'s' if h else ''}" for h, c in enumerate(by_hop))
     echo(

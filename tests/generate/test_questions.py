@@ -125,3 +125,27 @@ def test_texts_come_from_the_graphs_relation_texts(source):
         assert forward or inverse, text
         backward += not forward
     assert backward > 0
+
+
+def test_questions_for_an_imported_graph_keep_its_triples_provenance(tmp_path):
+    """An importer records where each triple came from; the generated dataset has the same graph, so its
+    triples still point at the source's file and lines, read by the source's version."""
+    from seeder.data.importers.triples import import_triples
+    from seeder.data.provenance import EdgeIndex
+
+    rng = np.random.default_rng(0)
+    rows = sorted({(f"n{h}", f"r{r}", f"n{t}") for h, r, t in rng.integers(0, [60, 3, 60], size=(400, 3)) if h != t})
+    kb = tmp_path / "kb.tsv"
+    kb.write_text("head\trelation\ttail\n" + "".join(f"{h}\t{r}\t{t}\n" for h, r, t in rows))
+    import_triples(kb, tmp_path / "ds")
+    source = open_dataset(tmp_path / "ds")
+    build_dataset(source.path, tmp_path / "gen", QuestionsConfig(count=100, seed=0), echo=lambda _: None)
+    gen = open_dataset(tmp_path / "gen")
+    edges = gen.table("edges", ["src", "dst", "relation"])
+    found = EdgeIndex(gen).sources(*(edges.column(c).to_numpy() for c in ("src", "relation", "dst")))
+    lines = kb.read_text().splitlines()
+    names = gen.node_names.to_pylist()
+    relation_names = gen.relations.column("name").to_pylist()
+    for s, r, d, where in zip(*(edges.column(c).to_pylist() for c in ("src", "relation", "dst")), found):
+        assert where["dataset"] == source.fingerprint and where["file"] == "kb.tsv"
+        assert lines[where["line"] - 1].split("\t") == [names[s], relation_names[r], names[d]]
