@@ -390,6 +390,8 @@ class Update:
         self._parent_subgraphs = None if self.refit_prior else self._reader.submit(SubgraphSet.read, parent.path / "subgraphs")
         self._reader.shutdown(wait=False)
         self.diff = inc.diff_versions(self.parent_kg, kg)
+        if "prior" in self.kept:
+            inc.check_kept_masked_prior(kg, parent, config, self.diff)
 
     def parent_subgraphs(self):
         """The parent's subgraphs (``SubgraphSet``), or None when the prior is refitted."""

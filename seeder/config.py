@@ -39,6 +39,7 @@ SeedStrategy = Literal["dense", "entity", "dense+entity", "bm25", "hybrid", "giv
 ParentTerm = Literal["similarity", "score"]
 RelationScore = Literal["cosine", "learned", "auto"]
 PriorModel = Literal["hops", "path"]
+PriorQuestion = Literal["text", "masked", "auto"]
 QueryInjection = Literal["add", "concat"]
 Baseline = Literal["group_mean", "none", "greedy"]
 TrainMode = Literal["seeder", "rerank"]
@@ -262,6 +263,13 @@ class PriorConfig(Section):
     """Refits of the prior on its targets reweighted by its own probability of each path, which drops
     the paths that reach a question's answers by coincidence (``seeder.retrieve.prior.train_prior``);
     0 fits once."""
+    question: PriorQuestion = "text"
+    """What the prior reads of a question: ``text``, the embedding of the whole question (the features
+    stage's); ``masked``, the embedding of the question with its seeds' names replaced by a placeholder
+    (``seeder.retrieve.wording.masked_questions``), which says only how the question asks: a prior learnt
+    from generated questions then reads real ones far better (``benchmarks/bench_prior_transfer.py``),
+    for one more encoding of every question. ``auto`` (with no config file): ``masked`` when most
+    training questions are generated, else ``text``."""
     wording_dim: int = 1024
     """Width of the hashed wording features the prior also reads: the question's words, word pairs and
     each word's distance to its seed's name, with the name masked (``seeder.retrieve.wording``). They

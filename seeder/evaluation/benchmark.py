@@ -418,6 +418,8 @@ def budget_curves(
     graph = GraphIndex.build(kg)
     prior = artifacts.prior() if config.expand.relation_score == "learned" else None
     texts = artifacts.query_texts(subgraphs.query_ids) if prior is not None else None
+    masked = prior is not None and prior.question == "masked"
+    prior_features = artifacts.prior_questions(subgraphs.query_ids) if masked else None
     for budget in budgets:
         expand = scaled_expand_config(config.expand, budget)
         start = time.perf_counter()
@@ -436,6 +438,7 @@ def budget_curves(
             graph=graph,
             prior=prior,
             texts=texts,
+            prior_features=prior_features,
         )
         ceiling = subgraph_ceiling(expanded)["all"]
         curves["khop"][budget] = {"hit_any": ceiling["hit_any"], "recall_any": ceiling["recall_any"], "set_size": ceiling["size"]}

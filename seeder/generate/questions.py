@@ -50,11 +50,17 @@ TEMPLATES = (
     "starting at {anchor}, follow {steps}: what {type} do you get?",
     "which {type} {back}?",
     "{back}: which {type}?",
+    "which {type} {typed_back}?",
+    "what is the {type} {typed_back}?",
+    "{typed_front} which {type}?",
+    "{typed_front} what?",
 )
 """Phrasings of a question: ``chain`` reads the relations in order from the anchor ("directed by, which
 wrote"), ``steps`` lists them ("directed by, then wrote"); ``back`` reads them from the answer's side,
 each relation's inverse text, last hop first ("directed something that wrote X": people ask for the
-answer by what it did); ``type`` is the answer's node type."""
+answer by what it did); ``type`` is the answer's node type. ``typed_back`` and ``typed_front`` name each
+node on the way by its type, as people do: "directed the movie starring X", "the movie starring X
+directed by"."""
 
 HASH_MULTIPLIER = np.uint64(2654435761)
 OVERSAMPLE = 3
@@ -77,8 +83,9 @@ def held_out(codes: np.ndarray, lengths: np.ndarray, fraction: float) -> np.ndar
     return (lengths >= 2) & (unit < fraction)
 
 
-def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(anchors, relation paths [n, max_hops] padded with -1, lengths) of ``OVERSAMPLE * cfg.count`` walks."""
+def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(anchors, relation paths [n, max_hops] padded with -1, lengths, the node each step reached [n,
+    max_hops], -1 padded) of ``OVERSAMPLE * cfg.count`` walks."""
     indptr = np.asarray(kg.indptr, dtype=np.int64)
     degree = np.diff(indptr)
     weight = np.minimum(degree, cfg.anchor_degree_cap).astype(np.float64)
@@ -88,6 +95,7 @@ def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np
     anchors = rng.choice(kg.num_nodes, size=walks, p=weight / weight.sum())
     lengths = rng.integers(1, cfg.max_hops + 1, size=walks)
     paths = np.full((walks, cfg.max_hops), -1, dtype=np.int64)
+    visits = np.full((walks, cfg.max_hops), -1, dtype=np.int64)
     current = anchors.copy()
     for hop in range(cfg.max_hops):
         walking = lengths > hop
@@ -98,8 +106,9 @@ def sample_walks(kg, cfg: QuestionsConfig, rng: np.random.Generator) -> tuple[np
         pick = indptr[current] + np.floor(rng.random(walks) * np.maximum(deg, 1)).astype(np.int64)
         paths[walking, hop] = np.asarray(kg.edge_relations)[pick[walking]]
         current[walking] = np.asarray(kg.neighbors)[pick[walking]]
+        visits[walking, hop] = current[walking]
     keep = lengths >= 1
-    return anchors[keep], paths[keep], lengths[keep]
+    return anchors[keep], paths[keep], lengths[keep], visits[keep]
 
 
 def follow(
@@ -139,13 +148,20 @@ def follow(
 
 
 def phrase(
-    kg, anchors: np.ndarray, paths: np.ndarray, lengths: np.ndarray, answer_types: np.ndarray, template_ids: np.ndarray
+    kg,
+    anchors: np.ndarray,
+    paths: np.ndarray,
+    lengths: np.ndarray,
+    visit_types: np.ndarray,
+    template_ids: np.ndarray,
 ) -> list[str]:
-    """Question texts from the anchor's name, the relation texts along the path and the answer's type."""
+    """Question texts from the anchor's name, the relation texts along the path and the types of the
+    nodes it reaches (``visit_types`` [n, max_hops]; the last one is the answer's type)."""
     texts = np.array(kg.relation_texts, dtype=object)
     names = np.asarray(kg.node_names.to_numpy(zero_copy_only=False), dtype=object)[anchors]
     num_ids = len(texts)
     chains, steps, backs = [], [], []
+    noun_phrases = [names]  # the node reached at each hop, named from the anchor: "the movie starring X"
     for hop in range(paths.shape[1]):
         rel = np.where(paths[:, hop] >= 0, paths[:, hop], 0)
         has = lengths > hop
@@ -155,11 +171,18 @@ def phrase(
         # From the answer's side: the inverse of each hop (r <-> r + R), the first hop next to the anchor.
         inverse = np.where(has, texts[(rel + num_ids // 2) % num_ids], "")
         backs.insert(0, np.where(has, np.where(hop == 0, inverse + " ", inverse + " something that "), ""))
+        noun_phrases.append("the " + visit_types[:, hop] + " " + inverse + " " + noun_phrases[-1])
     chain = pc.binary_join_element_wise(*[pa.array(c.tolist(), pa.string()) for c in chains], "")
     step = pc.binary_join_element_wise(*[pa.array(s.tolist(), pa.string()) for s in steps], "")
     back = pc.binary_join_element_wise(
         *[pa.array(b.tolist(), pa.string()) for b in backs], pa.array(names.tolist(), pa.string()), ""
     )
+    rows_all = np.arange(len(anchors))
+    before_last = np.stack(noun_phrases, axis=1)[rows_all, lengths - 1]  # the node the last hop leaves from
+    last = paths[rows_all, lengths - 1]
+    typed_back = pa.array((texts[(last + num_ids // 2) % num_ids] + " " + before_last).tolist(), pa.string())
+    typed_front = pa.array((before_last + " " + texts[last]).tolist(), pa.string())
+    answer_types = visit_types[rows_all, lengths - 1]
     out = np.empty(len(anchors), dtype=object)
     for t, template in enumerate(TEMPLATES):  # a handful of templates, each formatted over its rows at once
         rows = np.flatnonzero(template_ids == t)
@@ -170,6 +193,8 @@ def phrase(
             "chain": chain.take(pa.array(rows)),
             "steps": step.take(pa.array(rows)),
             "back": back.take(pa.array(rows)),
+            "typed_back": typed_back.take(pa.array(rows)),
+            "typed_front": typed_front.take(pa.array(rows)),
             "type": pa.array(answer_types[rows].tolist(), pa.string()),
         }
         pieces, rest = [], template
@@ -187,13 +212,13 @@ def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[st
     ``held_out`` (questions over held-out paths), in a fixed order for a given seed."""
     check(cfg)
     rng = np.random.default_rng(cfg.seed)
-    anchors, paths, lengths = sample_walks(kg, cfg, rng)
+    anchors, paths, lengths, visits = sample_walks(kg, cfg, rng)
     num_ids = 2 * kg.num_relations
     codes = path_codes(paths, lengths, num_ids)
     # One question per (anchor, relation path).
     _, unique_rows = np.unique(np.stack([anchors, codes]), axis=1, return_index=True)
     unique_rows = np.sort(unique_rows)
-    anchors, paths, lengths, codes = (a[unique_rows] for a in (anchors, paths, lengths, codes))
+    anchors, paths, lengths, codes, visits = (a[unique_rows] for a in (anchors, paths, lengths, codes, visits))
     q, n, within = follow(kg, anchors, paths, lengths, cfg.neighbor_cap, cfg.max_answers)
     not_anchor = n != anchors[q]
     q, n = q[not_anchor], n[not_anchor]
@@ -209,14 +234,18 @@ def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[st
     index = np.cumsum(keep) - 1
     pair_keep = keep[q]
     q, n = index[q[pair_keep]], n[pair_keep]
-    anchors, paths, lengths, codes = (a[keep] for a in (anchors, paths, lengths, codes))
+    anchors, paths, lengths, codes, visits = (a[keep] for a in (anchors, paths, lengths, codes, visits))
     answer_ptr = np.zeros(len(anchors) + 1, dtype=np.int64)
     np.cumsum(np.bincount(q, minlength=len(anchors)), out=answer_ptr[1:])
     types = np.asarray(kg.table("nodes", ["type"]).column("type").to_numpy(zero_copy_only=False), dtype=object)
-    answer_types = types[n[answer_ptr[:-1]]] if len(anchors) else np.array([], dtype=object)
-    answer_types = np.where((answer_types == None) | (answer_types == ""), "node", answer_types)  # noqa: E711
+    types = np.where((types == None) | (types == ""), "node", types)  # noqa: E711
+    visit_types = types[np.maximum(visits, 0)]
+    # The answer's type is that of the first answer (the walk's own end is one of the answers too, but
+    # the first keeps the questions as they were for graphs whose relations reach one type).
+    if len(anchors):
+        visit_types[np.arange(len(anchors)), lengths - 1] = types[n[answer_ptr[:-1]]]
     template_ids = rng.integers(len(TEMPLATES), size=len(anchors))
-    texts = phrase(kg, anchors, paths, lengths, answer_types, template_ids)
+    texts = phrase(kg, anchors, paths, lengths, visit_types, template_ids)
     if paraphrase is not None:
         rewritten = list(paraphrase(list(texts)))
         if len(rewritten) != len(texts) or not all(isinstance(t, str) and t.strip() for t in rewritten):

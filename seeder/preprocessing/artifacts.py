@@ -16,6 +16,10 @@ Layout of an artifacts directory (each stage directory is complete only once its
         pca.npz              mean [D], components [d, D]
     seeds/
         seeds.parquet        query_id int64, seeds list<int64>, seed_scores list<float32>
+    paths/, prior/           with expand.relation_score: learned; the golden paths, and the prior
+        prior.npz, prior.json  its weights and description (seeder.retrieve.prior)
+        question.npy         with prior.question: masked, float32 [Q, d]: every question embedded with
+        question_ids.npy       its seeds' names masked, PCA'd; rows ordered as question_ids.npy
     subgraphs/
         part-*.parquet       seeder.data.subgraphs.SUBGRAPH_SCHEMA, one row per query
     summary.json             run summary: per-stage time and throughput, subgraph ceilings
@@ -32,9 +36,10 @@ error naming both fingerprints (``accept_mismatch`` / ``--accept-mismatch`` make
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,33 @@ class FingerprintMismatch(DataError):
 def warn_mismatch(message: str) -> None:
     """A mismatch the user accepted explicitly (``accept_mismatch`` / ``--accept-mismatch``)."""
     warnings.warn(f"{message} (accepted: --accept-mismatch)", UserWarning, stacklevel=3)
+
+
+def _prior_questions(directory: str) -> tuple[np.ndarray, np.ndarray]:
+    """(query ids, features) of what a masked-question prior reads, kept beside it by ``run_prior``;
+    mapped once per process and prior (a refitted prior is a new file)."""
+    stat = os.stat(Path(directory) / "question.npy")
+    return _mapped_prior_questions(directory, stat.st_ino, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=1)
+def _mapped_prior_questions(directory: str, inode: int, mtime_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.load(Path(directory) / "question_ids.npy"), np.load(Path(directory) / "question.npy", mmap_mode="r")
+
+
+def prior_question_rows(directory: Path, query_ids: np.ndarray) -> np.ndarray:
+    """The masked-question features of these queries; a clear error for a question the prior's stage
+    never saw (an update that adds questions and keeps the prior)."""
+    ids, features = _prior_questions(str(directory))
+    rows = np.minimum(np.searchsorted(ids, query_ids), max(len(ids) - 1, 0))
+    missing = query_ids[ids[rows] != query_ids] if len(ids) else query_ids
+    if len(missing):
+        raise DataError(
+            f"{directory}: the relation-path prior reads masked questions (prior.question: masked) and has not "
+            f"read {len(missing):,} of these questions (ids {missing[:5].tolist()}...): rerun the update with "
+            "--refit-prior, or preprocess again"
+        )
+    return np.asarray(features[rows])
 
 
 @dataclass
@@ -189,6 +221,10 @@ class Artifacts:
         from seeder.retrieve.prior import RelationPathPrior  # pandas: only when a prior is read
 
         return RelationPathPrior.load(self._require("prior"))
+
+    def prior_questions(self, ids: np.ndarray) -> np.ndarray:
+        """What a prior of ``prior.question: masked`` read of the queries ``ids`` (``prior_question_rows``)."""
+        return prior_question_rows(self._require("prior"), np.asarray(ids, dtype=np.int64))
 
     def query_texts(self, ids: np.ndarray) -> list[str]:
         """The text of the dataset's queries ``ids``, in that order."""

@@ -33,7 +33,7 @@ import dataclasses
 
 import numpy as np
 
-from seeder.config import PriorConfig, SeederConfig
+from seeder.config import AUTO, PriorConfig, SeederConfig
 from seeder.preprocessing.stages import answer_csr
 from seeder.retrieve.paths import golden_paths
 from seeder.retrieve.prior import path_targets
@@ -74,6 +74,8 @@ def derive_unset(config: SeederConfig, overrides: dict) -> SeederConfig:
     prior = config.prior
     if "wording_dim" not in overrides.get("prior", {}):
         prior = dataclasses.replace(prior, wording_dim=AUTO_WORDING)
+    if "question" not in overrides.get("prior", {}):
+        prior = dataclasses.replace(prior, question=AUTO)
     return dataclasses.replace(config, seed=seed, expand=expand, prior=prior)
 
 
@@ -85,6 +87,7 @@ def needs_derivation(config: SeederConfig) -> bool:
         or not e.keep_per_hop
         or e.relation_score == AUTO_RELATION_SCORE
         or config.prior.wording_dim == AUTO_WORDING
+        or config.prior.question == AUTO
     )
 
 
@@ -137,6 +140,15 @@ def derive_defaults(
             f"from templates; the prior reads their wording only when fewer than half are)"
         )
         config = dataclasses.replace(config, prior=dataclasses.replace(config.prior, wording_dim=wording))
+    if config.prior.question == AUTO:
+        # The same reason: a generated question's embedding is mostly its anchor's name and the template;
+        # with the names masked the prior reads the relation words, which real questions share with it.
+        question = "masked" if generated >= 0.5 else "text"
+        lines.append(
+            f"auto: prior.question={question} ({generated:.2f} of the training questions are generated; the prior "
+            "reads them with their seeds' names masked when at least half are)"
+        )
+        config = dataclasses.replace(config, prior=dataclasses.replace(config.prior, question=question))
     search = dataclasses.replace(config.prior, path_cap=64)
     max_hops = expand.hops or MAX_HOPS
 

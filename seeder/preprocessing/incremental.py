@@ -880,6 +880,21 @@ def check_kept_prior(kg: KnowledgeGraph, parent: Artifacts, config: SeederConfig
         )
 
 
+def check_kept_masked_prior(kg: KnowledgeGraph, parent: Artifacts, config: SeederConfig, diff: VersionDiff) -> None:
+    """A kept prior that reads masked questions (``prior.question: masked``) kept what it read of the
+    parent's questions: an update that adds or edits a question, or renames a node (a seed's name is
+    what it masks), needs ``--refit-prior``."""
+    if config.prior.question != "masked":
+        return
+    questions, renamed = int((~diff.query_same).sum()), int(diff.renamed.sum())
+    if questions or renamed:
+        raise DataError(
+            f"{kg.path}: the update changes {questions:,} question(s) and renames {renamed:,} node(s), and the "
+            f"relation-path prior of {parent.path} reads masked questions (prior.question: masked) as they were; "
+            "pass --refit-prior to read them again"
+        )
+
+
 def parent_record(parent: Artifacts) -> dict[str, Any]:
     """What an update records of its parent artifacts, with ``features_lineage``: the features
     fingerprints of the parent and of every artifacts version it was updated from. Their PCA is this

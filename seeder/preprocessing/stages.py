@@ -41,15 +41,15 @@ from seeder.config import ConfigError, SeederConfig, from_dict, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
 from seeder.data.subgraphs import SubgraphSet
 from seeder.features import bfloat16
-from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, pca_sample_rows
-from seeder.preprocessing.artifacts import read_seed_table
+from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, load_encoder, pca_sample_rows
+from seeder.preprocessing.artifacts import prior_question_rows, read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
 from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.metrics import ceiling_values, group_by, group_means
 from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
 from seeder.retrieve.prior import RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
-from seeder.retrieve.wording import WORDING_VERSION, question_form, seed_names
+from seeder.retrieve.wording import WORDING_VERSION, masked_questions, question_form, seed_names
 from seeder.system import storage
 from seeder.system.io import (
     DataError,
@@ -62,6 +62,7 @@ from seeder.system.io import (
     write_manifest,
 )
 from seeder.system.mapped import release, resident_bytes, take_rows
+from seeder.system.progress import Progress
 from seeder.system.storage import fetch, join
 from seeder.system.threads import intra_op_threads
 
@@ -801,14 +802,48 @@ def read_golden_paths(directory: Path) -> pa.Table:
     return pq.read_table(files).cast(GOLDEN_SCHEMA).sort_by([("query_id", "ascending"), ("code", "ascending")])
 
 
+MASKED_BLOCK = 4096
+"""Questions encoded at a time by ``masked_question_features`` (one progress step each)."""
+
+
+def masked_question_features(
+    kg: KnowledgeGraph, artifacts: Path, query_ids: np.ndarray, seeds: np.ndarray, config: SeederConfig
+) -> np.ndarray:
+    """[Q, d] what a ``prior.question: masked`` prior reads: each question with its seeds' names masked
+    (``masked_questions``), embedded by the dataset's encoder and projected by the features stage's PCA,
+    as the Retriever does for a new question."""
+    texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
+    masked = masked_questions(texts, seed_names(kg.node_names, seeds))
+    pca_path = artifacts / "features" / "pca.npz"
+    pca = PCA.load(pca_path) if pca_path.exists() else None
+    encoder = load_encoder(config.embed, device="cpu")
+    parts = []
+    with Progress(len(masked), "prior: masked questions", unit="questions") as progress:
+        for start in range(0, len(masked), MASKED_BLOCK):
+            block = masked[start : start + MASKED_BLOCK]
+            parts.append(apply_pca(encoder.encode(block), pca))
+            progress.update(len(block))
+    return np.concatenate(parts) if parts else np.zeros((0, pca.dim if pca else 0), np.float32)
+
+
 def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
-    """Fit the relation-path prior on the golden paths (training questions only) and save it."""
+    """Fit the relation-path prior on the golden paths (training questions only) and save it. A prior
+    that reads masked questions (``prior.question``) keeps what it reads of every question of the
+    dataset beside it (``question.npy``, rows as ``question_ids.npy``): the subgraphs stage reads them."""
     golden = read_golden_paths(artifacts / "paths")
     query_ids = train_query_ids(kg)
-    all_ids = np.load(artifacts / "features" / "query_ids.npy")
-    query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")[np.searchsorted(all_ids, query_ids)]
     seed_qids, seeds, _ = read_seed_table(artifacts / "seeds" / "seeds.parquet")
     train_seeds = seeds[np.searchsorted(seed_qids, query_ids)]
+    if config.prior.question == "masked":
+        # A fixed thread count, as for the fit below: the same bits on any node.
+        with intra_op_threads(PRIOR_THREADS):
+            every = masked_question_features(kg, artifacts, seed_qids, seeds, config)
+        np.save(out / "question.npy", every)
+        np.save(out / "question_ids.npy", seed_qids)
+        query_features = every[np.searchsorted(seed_qids, query_ids)]
+    else:
+        all_ids = np.load(artifacts / "features" / "query_ids.npy")
+        query_features = np.load(artifacts / "features" / "query.npy", mmap_mode="r")[np.searchsorted(all_ids, query_ids)]
     profile = seed_relation_profile(kg.indptr, kg.edge_relations, train_seeds, 2 * kg.num_relations)
     wording = None
     if config.prior.wording_dim:
@@ -841,6 +876,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             echo=echo,
             wording_dim=config.prior.wording_dim,
         )
+    prior.question = config.prior.question
     prior.save(out)
     return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
 
@@ -957,7 +993,9 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
     picked = queries.take(pa.array(q_rows))
     answer_ptr, answers = answer_csr(picked)
     splits = np.asarray(picked.column("split").to_pylist(), dtype=object)
-    prior = _prior(str(stage_input(artifacts, "prior"))) if cfg.expand.relation_score == "learned" else None
+    prior_dir = stage_input(artifacts, "prior") if cfg.expand.relation_score == "learned" else None
+    prior = _prior(str(prior_dir)) if prior_dir else None
+    prior_features = prior_question_rows(prior_dir, query_ids) if prior and prior.question == "masked" else None
     subgraphs = expand_queries(
         kg,
         node_features,
@@ -973,6 +1011,7 @@ def expand_block(dataset: str, artifacts: str, query_ids: np.ndarray, config: di
         graph=_graph_index(dataset),
         prior=prior,
         texts=picked.column("text").to_pylist(),
+        prior_features=prior_features,
     )
     # Checked between blocks, not batches: one batch's scattered reads map most of the file through
     # the kernel's fault-around, so a tighter check would only pay to map the pages again.

@@ -274,6 +274,7 @@ def expand_queries(
     prior=None,
     texts: list[str] | None = None,
     path_terms: tuple[np.ndarray, np.ndarray] | None = None,
+    prior_features: np.ndarray | None = None,
 ) -> SubgraphSet:
     """K-HOP-WITH-FILTERING for Q queries -> their bounded subgraphs (one ``SubgraphSet`` row each).
 
@@ -283,7 +284,8 @@ def expand_queries(
     batch. Pass a prebuilt ``graph`` (``GraphIndex.build(kg)``) to share it across calls, and the
     ``prior`` (a ``RelationPathPrior``) when ``expand.relation_score`` is ``learned``, with the
     queries' ``texts`` when that prior reads their wording. A caller that has the prior's terms of
-    these queries already (``prior_path_terms``, all Q rows) passes them as ``path_terms``.
+    these queries already (``prior_path_terms``, all Q rows) passes them as ``path_terms``; a prior that
+    reads masked questions (``prior.question: masked``) reads ``prior_features`` instead of ``query_features``.
     """
     _check_config(expand_config)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -309,11 +311,14 @@ def expand_queries(
         if expand_config.relation_score == "learned":
             if prior is None:
                 raise ConfigError("expand.relation_score=learned needs the relation-path prior; run preprocessing")
+            if prior.question == "masked" and prior_features is None and path_terms is None:
+                raise ConfigError("this relation-path prior reads masked questions (prior.question: masked); pass prior_features")
             if path_terms is not None:
                 terms, ends = path_terms[0][lo:hi], path_terms[1][lo:hi]
             else:
                 batch_texts = None if texts is None else list(texts[lo:hi])
-                terms, ends = prior_path_terms(kg, graph, prior, query_features[lo:hi], seeds[lo:hi], batch_texts)
+                reads = query_features if prior_features is None else prior_features
+                terms, ends = prior_path_terms(kg, graph, prior, reads[lo:hi], seeds[lo:hi], batch_texts)
             children = prior.trie.children
         chunks.append(
             expand_batch(

@@ -219,6 +219,7 @@ class RelationPathPrior:
     max_length: int = 0
     bag_weight: float = 0.0
     wording_dim: int = 0  # width of the question_form block of the inputs (0: the prior does not read it)
+    question: str = "text"  # prior.question: "masked" when its query features embed the masked questions
 
     def inputs(
         self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
@@ -303,6 +304,7 @@ class RelationPathPrior:
             "bag_weight": self.bag_weight,
             "wording_dim": self.wording_dim,
             "wording_version": WORDING_VERSION,
+            "question": self.question,
         }
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
 
@@ -329,6 +331,7 @@ class RelationPathPrior:
             max_length=int(info.pop("max_length", 0)),
             bag_weight=float(info.pop("bag_weight", 0.0)),
             wording_dim=int(info.pop("wording_dim", 0)),
+            question=str(info.pop("question", "text")),
             info=info,
         )
 

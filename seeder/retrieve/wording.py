@@ -68,6 +68,16 @@ def mask_entities(texts: list[str], seed_names: list[list[str]]) -> list[str]:
     return out
 
 
+MASK_WORD = "X"
+"""What a seed's name becomes in ``masked_questions``: a word an encoder reads as a name it does not know."""
+
+
+def masked_questions(texts: list[str], seed_names: list[list[str]]) -> list[str]:
+    """The questions as the relation-path prior reads them with ``prior.question: masked``: normalised,
+    each seed's name replaced by ``MASK_WORD`` ("what films did X direct")."""
+    return [text.replace(ENTITY, MASK_WORD) for text in mask_entities(texts, seed_names)]
+
+
 def question_form(texts: list[str], seed_names: list[list[str]], dim: int) -> np.ndarray:
     """[Q, dim] float32 hashed wording features of each question with its seeds' names masked
     (rows of unit length; all zeros for an empty question). ``seed_names[i]``: the names of question

@@ -38,6 +38,7 @@ from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_pla
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
+from seeder.retrieve.wording import masked_questions, seed_names
 from seeder.serving.explain import PriorTerms, expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
@@ -390,8 +391,11 @@ class Retriever:
 
         terms = None
         if self.prior is not None:
+            prior_reads = query_features
+            if self.prior.question == "masked":  # one more encoding: the question without its seeds' names
+                prior_reads = self.encode(masked_questions(list(questions), seed_names(self.artifacts.dataset.node_names, seeds)))
             terms = prior_path_terms(
-                self.artifacts.dataset, self.graph, self.prior, np.asarray(query_features, np.float32), seeds, list(questions)
+                self.artifacts.dataset, self.graph, self.prior, np.asarray(prior_reads, np.float32), seeds, list(questions)
             )
         subgraphs = expand_queries(
             self.artifacts.dataset,

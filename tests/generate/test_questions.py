@@ -113,18 +113,20 @@ def test_same_seed_same_questions_and_a_paraphraser_rewrites_them(source, monkey
         load_paraphraser("no_colon")
 
 
-def test_texts_come_from_the_graphs_relation_texts(source):
+def test_texts_come_from_the_graphs_relation_texts_and_node_types(source):
     made = generate(source, QuestionsConfig(count=200, seed=4))
     relation_texts = source.relation_texts
     half = len(relation_texts) // 2
-    backward = 0
+    types = set(source.table("nodes", ["type"]).column("type").to_pylist())
+    backward = typed = 0
     for text, path, n in zip(made["texts"], made["paths"], made["lengths"]):
-        # Read from the anchor (each relation's text) or from the answer (each one's inverse text).
+        # Each relation is read from the anchor (its text) or from the answer (its inverse text).
         forward = all(relation_texts[r] in text for r in path[:n])
-        inverse = all(relation_texts[(r + half) % len(relation_texts)] in text for r in path[:n])
-        assert forward or inverse, text
+        assert all(relation_texts[r] in text or relation_texts[(r + half) % len(relation_texts)] in text for r in path[:n]), text
         backward += not forward
-    assert backward > 0
+        # Some phrasings name the nodes on the way by their type ("the movie starring X").
+        typed += n > 1 and any(f"the {t} " in text for t in types)
+    assert backward > 0 and typed > 0
 
 
 def test_questions_for_an_imported_graph_keep_its_triples_provenance(tmp_path):

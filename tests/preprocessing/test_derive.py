@@ -53,14 +53,17 @@ def test_derivation_reads_the_questions_needs_and_only_training_answers(tmp_path
     assert resolved.train.expansion_sizes == [STEP_MIN] * 3
     assert resolved.train.frontier_caps == [FRONTIER_FACTOR * STEP_MIN] * 3
     assert resolved.prior.wording_dim == PriorConfig().wording_dim  # real questions: their wording is read
-    assert len(lines) == 6 and all(line.startswith("auto: ") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("auto: ") for line in lines)
+    assert resolved.prior.question == "text"  # real questions: the prior reads them whole
     # Val and test answers are never read.
     other = _graph(tmp_path, "mangled", mangle_held_out=True)
     again, _ = derive_defaults(other, nf, qf, ids, config)
     assert again == resolved
 
 
-def test_generated_training_questions_turn_the_priors_wording_off_unless_the_command_line_sets_it(tmp_path):
+def test_generated_training_questions_turn_the_priors_wording_off_and_masking_on_unless_the_command_line_sets_them(
+    tmp_path,
+):
     nodes, relations, edges, queries = generate(
         SynthConfig(nodes=400, relations=4, max_path_length=3, queries=900, hubs=0, multi_answer_frac=0.0, seed=1)
     )
@@ -71,6 +74,11 @@ def test_generated_training_questions_turn_the_priors_wording_off_unless_the_com
     resolved, lines = derive_defaults(kg, nf, qf, ids, derive_unset(SeederConfig(), {}))
     assert resolved.prior.wording_dim == 0
     assert any(line.startswith("auto: prior.wording_dim=0 (1.00 of the training questions are generated") for line in lines)
+    assert resolved.prior.question == "masked"
+    assert any(line.startswith("auto: prior.question=masked (1.00 of the training questions are generated") for line in lines)
+    given = derive_unset(SeederConfig(), {"prior": {"question": "text"}})
+    assert given.prior.question == "text"
+    assert derive_defaults(kg, nf, qf, ids, given)[0].prior.question == "text"
     kept = derive_unset(SeederConfig(), {"prior": {"wording_dim": 64}})
     assert (
         derive_defaults(kg, nf, qf, ids, dataclasses.replace(kept, prior=dataclasses.replace(kept.prior, wording_dim=64)))[
@@ -119,7 +127,7 @@ def test_the_command_line_overrides_a_derivation(tmp_path):
         {
             "expand": {"keep_per_hop": [50, 150], "relation_score": "cosine"},
             "seed": {"strategy": "dense"},
-            "prior": {"wording_dim": 1024},
+            "prior": {"wording_dim": 1024, "question": "text"},
         },
     )
     assert config.expand.hops == 2 and config.expand.relation_score == "cosine" and config.seed.strategy == "dense"

@@ -5,6 +5,7 @@ subgraphs), and the update recomputes fewer rows than there are."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -450,3 +451,64 @@ def test_every_question_whose_entity_links_change_is_seeded_again_and_few_others
     assert differ.sum() >= 2, "the change set must change the links of the questions naming the two nodes"
     assert screened[kept][differ].all(), [kept_texts[i] for i in np.flatnonzero(differ & ~screened[kept])]
     assert screened[kept].mean() < 0.25
+
+
+def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_that_edits_questions_refits_it(versions, tmp_path):
+    """``prior.question: masked``: the prior stage embeds every question with its seeds' names masked and
+    keeps those rows beside the prior; the subgraphs stage reads them (a question the prior never read is
+    an error, not the text's features). A kept prior cannot read the questions an update edits or adds:
+    the update asks for ``--refit-prior``, and a refit equals a full run."""
+    from seeder.config import ConfigError
+    from seeder.features.embed import apply_pca
+    from seeder.retrieve.khop import expand_queries
+    from seeder.retrieve.prior import RelationPathPrior
+    from seeder.retrieve.wording import MASK_WORD, masked_questions, seed_names
+
+    parent, child = versions
+    config = config_for("dense+entity", learned=True, extra=("prior.question=masked",))
+    out = full_run(parent, tmp_path / "a1", config)
+    kg = open_dataset(parent)
+    assert RelationPathPrior.load(out / "prior").question == "masked"
+    ids, read = np.load(out / "prior" / "question_ids.npy"), np.load(out / "prior" / "question.npy")
+    seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
+    assert np.array_equal(ids, np.sort(kg.queries.column("id").to_numpy())) and np.array_equal(ids, seed_ids)
+    texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
+    masked = masked_questions(texts, seed_names(kg.node_names, seeds))
+    assert sum(MASK_WORD in m.split() for m in masked) >= len(masked) // 2  # the linked names are gone
+    np.testing.assert_array_equal(read, apply_pca(load_encoder(config.embed).encode(masked), None))  # reduce.dim=0
+    assert not np.allclose(read, np.load(out / "features" / "query.npy"))
+
+    prior = RelationPathPrior.load(out / "prior")
+    with pytest.raises(ConfigError, match="masked"):
+        expand_queries(
+            kg, np.load(out / "features" / "node.npy"), np.load(out / "features" / "relation.npy"), read[:2], seeds[:2],
+            np.zeros((2, seeds.shape[1])), config.expand, ids[:2], np.array(["val"] * 2, dtype=object),
+            np.zeros(3, np.int64), np.zeros(0, np.int64), prior=prior,
+        )  # fmt: skip
+    with pytest.raises(DataError, match="--refit-prior"):
+        pp.prior_question_rows(out / "prior", np.array([ids[0], ids[-1] + 1]))
+
+    # A new question is read the same way: the Retriever masks and encodes it, and gets the stored subgraph.
+    from seeder import Retriever
+    from seeder.policy.checkpoint import artifacts_record
+    from seeder.training.loop import build_state, export_best
+
+    trained = dataclasses.replace(config, model=dataclasses.replace(config.model, hidden_dim=16, num_layers=1))
+    model = export_best(build_state(trained, read.shape[1], 1, artifacts_record(open_artifacts(out))), tmp_path / "model")
+    retriever = Retriever.load(model, artifacts=out)
+    _, stored = retriever.rank_split("val")
+    text_of = dict(zip(ids.tolist(), texts))
+    online, _ = retriever.subgraphs([text_of[q] for q in stored.query_ids.tolist()])
+    np.testing.assert_array_equal(online.nodes, stored.nodes)
+    np.testing.assert_allclose(online.path_end, stored.path_end, rtol=1e-5)  # the prior read the same
+
+    diff = inc.diff_versions(kg, open_dataset(child))
+    with pytest.raises(DataError, match="--refit-prior"):
+        inc.check_kept_masked_prior(open_dataset(child), open_artifacts(out), config, diff)
+    refit = update_run(child, tmp_path / "a1", tmp_path / "refit", config, refit_prior=True)
+    assert refit["subgraphs"]["recomputed"] == open_dataset(child).queries.num_rows
+    full_run(child, tmp_path / "full", config)
+    write_top_manifest(tmp_path / "refit", child, open_dataset(child), config)
+    assert_same_artifacts(tmp_path / "refit", tmp_path / "full", learned=True)
+    for name in ("question.npy", "question_ids.npy"):
+        assert np.array_equal(np.load(tmp_path / "refit" / "prior" / name), np.load(tmp_path / "full" / "prior" / name))
