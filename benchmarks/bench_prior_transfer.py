@@ -7,11 +7,11 @@ top path is a target path (F1 at least ``prior.keep_ratio`` of the best, as in t
 dataset's questions of another split, per hop:
 
 - ``text``: the features stage's query features (the question's embedding, PCA'd): what the pipeline uses;
-- ``masked``: the embedding of the question with its seeds' names replaced by ``X``
-  (``seeder.retrieve.wording.mask_entities``), PCA'd like the features: the question's wording alone,
-  without the name that dominates a sentence embedding (the reading SR and most KBQA relation
-  predictors use);
-- ``masked-raw``: the same without the PCA;
+- ``masked``: the embedding of the question with each seed's name replaced by "the" and its type
+  (``seeder.retrieve.wording.masked_questions``), PCA'd like the features: the question's wording
+  without the name that dominates a sentence embedding; what ``prior.question: masked`` reads;
+- ``masked-x``: the names replaced by ``X`` instead (the reading SR and most KBQA relation predictors use);
+- ``masked-raw``: ``masked`` without the PCA;
 - ``seed-removed``: the query features less their component along the first seed's features, a
   masking that needs no second encoding.
 
@@ -37,9 +37,9 @@ from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder
 from seeder.preprocessing.stages import answer_csr, read_golden_paths, read_seed_table, train_query_ids
 from seeder.retrieve.paths import describe, golden_paths_batched
 from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
-from seeder.retrieve.wording import ENTITY, mask_entities, seed_names
+from seeder.retrieve.wording import ENTITY, mask_entities, masked_questions, seed_names
 
-READINGS = ("text", "masked", "masked-raw", "seed-removed")
+READINGS = ("text", "masked", "masked-x", "masked-raw", "seed-removed")
 
 
 def target_pairs(kg, cfg: SeederConfig, seeds: np.ndarray, queries: pa.Table) -> set[tuple[int, int]]:
@@ -112,7 +112,10 @@ def main() -> None:
             direction = l2_normalize(np.asarray(node_features[np.maximum(seeds[:, 0], 0)], dtype=np.float32))
             return features - (features * direction).sum(axis=1, keepdims=True) * direction
         texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
-        masked = [t.replace(ENTITY, "X") for t in mask_entities(texts, seed_names(kg.node_names, seeds))]
+        if name == "masked-x":
+            masked = [t.replace(ENTITY, "X") for t in mask_entities(texts, seed_names(kg.node_names, seeds))]
+        else:
+            masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
         encoder = encoder or load_encoder(cfg.embed)
         embedded = l2_normalize(encoder.encode(masked))
         return embedded if name == "masked-raw" else apply_pca(embedded, pca)

@@ -265,7 +265,7 @@ class PriorConfig(Section):
     0 fits once."""
     question: PriorQuestion = "text"
     """What the prior reads of a question: ``text``, the embedding of the whole question (the features
-    stage's); ``masked``, the embedding of the question with its seeds' names replaced by a placeholder
+    stage's); ``masked``, the embedding of the question with each seed's name replaced by its type
     (``seeder.retrieve.wording.masked_questions``), which says only how the question asks: a prior learnt
     from generated questions then reads real ones far better (``benchmarks/bench_prior_transfer.py``),
     for one more encoding of every question. ``auto`` (with no config file): ``masked`` when most

@@ -347,6 +347,11 @@ class KnowledgeGraph:
         return self.nodes.column("name") if "nodes" in self.__dict__ else self.table("nodes", ["name"]).column("name")
 
     @cached_property
+    def node_types(self) -> pa.ChunkedArray:
+        """The ``type`` column alone: a masked question names its seed by its type."""
+        return self.nodes.column("type") if "nodes" in self.__dict__ else self.table("nodes", ["type"]).column("type")
+
+    @cached_property
     def relations(self) -> pa.Table:
         return self.table("relations")
 

@@ -62,6 +62,12 @@ answer by what it did); ``type`` is the answer's node type. ``typed_back`` and `
 node on the way by its type, as people do: "directed the movie starring X", "the movie starring X
 directed by"."""
 
+SHARE_STYLES = 4
+"""Ways to name the node reached by a hop back along the relation just followed (X -starring-> a person
+-starred in-> a movie): 0 as any other hop ("the movie starring the person starred in X"), 1 "the movie
+whose person also starred in X", 2 "the movie that shares a person with X", 3 "the movie starring the
+same person as X"."""
+
 HASH_MULTIPLIER = np.uint64(2654435761)
 OVERSAMPLE = 3
 """Walks sampled per question wanted: duplicates and paths that reach too many nodes are dropped, most
@@ -154,14 +160,18 @@ def phrase(
     lengths: np.ndarray,
     visit_types: np.ndarray,
     template_ids: np.ndarray,
+    share_styles: np.ndarray,
 ) -> list[str]:
     """Question texts from the anchor's name, the relation texts along the path and the types of the
-    nodes it reaches (``visit_types`` [n, max_hops]; the last one is the answer's type)."""
+    nodes it reaches (``visit_types`` [n, max_hops]; the last one is the answer's type). ``share_styles``
+    [n, max_hops] picks how a hop back along the previous relation is named (``SHARE_STYLES``)."""
     texts = np.array(kg.relation_texts, dtype=object)
     names = np.asarray(kg.node_names.to_numpy(zero_copy_only=False), dtype=object)[anchors]
     num_ids = len(texts)
     chains, steps, backs = [], [], []
     noun_phrases = [names]  # the node reached at each hop, named from the anchor: "the movie starring X"
+    clauses = []  # what follows "the {type}" in each of those: "starring X"
+    previous = np.full(len(anchors), -1, dtype=np.int64)
     for hop in range(paths.shape[1]):
         rel = np.where(paths[:, hop] >= 0, paths[:, hop], 0)
         has = lengths > hop
@@ -171,7 +181,25 @@ def phrase(
         # From the answer's side: the inverse of each hop (r <-> r + R), the first hop next to the anchor.
         inverse = np.where(has, texts[(rel + num_ids // 2) % num_ids], "")
         backs.insert(0, np.where(has, np.where(hop == 0, inverse + " ", inverse + " something that "), ""))
-        noun_phrases.append("the " + visit_types[:, hop] + " " + inverse + " " + noun_phrases[-1])
+        clause = inverse + " " + noun_phrases[-1]
+        if hop:
+            # A hop back along the relation just followed reaches the nodes that share the middle one with
+            # the node before it; people ask for those by what they share.
+            shared = has & (rel == (previous + num_ids // 2) % num_ids) & (share_styles[:, hop] > 0)
+            middle, before = visit_types[:, hop - 1], noun_phrases[-2]
+            previous_inverse = texts[(previous + num_ids // 2) % num_ids]
+            share = np.choose(
+                np.maximum(share_styles[:, hop] - 1, 0),
+                [
+                    "whose " + middle + " also " + previous_inverse + " " + before,
+                    "that shares a " + middle + " with " + before,
+                    inverse + " the same " + middle + " as " + before,
+                ],
+            )
+            clause = np.where(shared, share, clause)
+        clauses.append(clause)
+        noun_phrases.append("the " + visit_types[:, hop] + " " + clause)
+        previous = rel
     chain = pc.binary_join_element_wise(*[pa.array(c.tolist(), pa.string()) for c in chains], "")
     step = pc.binary_join_element_wise(*[pa.array(s.tolist(), pa.string()) for s in steps], "")
     back = pc.binary_join_element_wise(
@@ -180,7 +208,7 @@ def phrase(
     rows_all = np.arange(len(anchors))
     before_last = np.stack(noun_phrases, axis=1)[rows_all, lengths - 1]  # the node the last hop leaves from
     last = paths[rows_all, lengths - 1]
-    typed_back = pa.array((texts[(last + num_ids // 2) % num_ids] + " " + before_last).tolist(), pa.string())
+    typed_back = pa.array(np.stack(clauses, axis=1)[rows_all, lengths - 1].tolist(), pa.string())
     typed_front = pa.array((before_last + " " + texts[last]).tolist(), pa.string())
     answer_types = visit_types[rows_all, lengths - 1]
     out = np.empty(len(anchors), dtype=object)
@@ -245,7 +273,8 @@ def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[st
     if len(anchors):
         visit_types[np.arange(len(anchors)), lengths - 1] = types[n[answer_ptr[:-1]]]
     template_ids = rng.integers(len(TEMPLATES), size=len(anchors))
-    texts = phrase(kg, anchors, paths, lengths, visit_types, template_ids)
+    share_styles = rng.integers(SHARE_STYLES, size=(len(anchors), cfg.max_hops))
+    texts = phrase(kg, anchors, paths, lengths, visit_types, template_ids, share_styles)
     if paraphrase is not None:
         rewritten = list(paraphrase(list(texts)))
         if len(rewritten) != len(texts) or not all(isinstance(t, str) and t.strip() for t in rewritten):

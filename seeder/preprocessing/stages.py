@@ -813,7 +813,7 @@ def masked_question_features(
     (``masked_questions``), embedded by the dataset's encoder and projected by the features stage's PCA,
     as the Retriever does for a new question."""
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
-    masked = masked_questions(texts, seed_names(kg.node_names, seeds))
+    masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
     pca_path = artifacts / "features" / "pca.npz"
     pca = PCA.load(pca_path) if pca_path.exists() else None
     encoder = load_encoder(config.embed, device="cpu")

@@ -4,6 +4,7 @@ plugs in."""
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -120,13 +121,32 @@ def test_texts_come_from_the_graphs_relation_texts_and_node_types(source):
     types = set(source.table("nodes", ["type"]).column("type").to_pylist())
     backward = typed = 0
     for text, path, n in zip(made["texts"], made["paths"], made["lengths"]):
-        # Each relation is read from the anchor (its text) or from the answer (its inverse text).
+        # Each relation is read from the anchor (its text) or from the answer (its inverse text), except a
+        # pair asked by what it shares ("the ship that shares a city with X").
         forward = all(relation_texts[r] in text for r in path[:n])
-        assert all(relation_texts[r] in text or relation_texts[(r + half) % len(relation_texts)] in text for r in path[:n]), text
+        read = [relation_texts[r] in text or relation_texts[(r + half) % len(relation_texts)] in text for r in path[:n]]
+        in_shared_pair = [any(goes_back(path, h, half) for h in (i, i + 1) if 0 < h < n) for i in range(n)]
+        assert all(r or (s and SHARE_WORDS.search(text)) for r, s in zip(read, in_shared_pair)), text
         backward += not forward
         # Some phrasings name the nodes on the way by their type ("the movie starring X").
         typed += n > 1 and any(f"the {t} " in text for t in types)
     assert backward > 0 and typed > 0
+
+
+SHARE_WORDS = re.compile(r"whose \\w+ also |that shares a |the same \\w+ as ")
+
+
+def goes_back(path, hop: int, num_relations: int) -> bool:
+    """Whether ``hop`` follows the previous hop's relation backwards (r then r + R, or the reverse)."""
+    return hop > 0 and path[hop] == (path[hop - 1] + num_relations) % (2 * num_relations)
+
+
+def test_a_hop_back_along_the_previous_relation_may_be_asked_by_what_the_two_nodes_share(source):
+    """X -r-> m -r^-1-> Y: "the ship that shares a city with X", "the ship whose city also ... X"."""
+    made = generate(source, QuestionsConfig(count=2000, seed=6))
+    shared = [(t, p[:n]) for t, p, n in zip(made["texts"], made["paths"], made["lengths"]) if SHARE_WORDS.search(t)]
+    assert len(shared) > 5
+    assert all(any(goes_back(path, h, source.num_relations) for h in range(1, len(path))) for _, path in shared), shared
 
 
 def test_questions_for_an_imported_graph_keep_its_triples_provenance(tmp_path):

@@ -462,7 +462,7 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     from seeder.features.embed import apply_pca
     from seeder.retrieve.khop import expand_queries
     from seeder.retrieve.prior import RelationPathPrior
-    from seeder.retrieve.wording import MASK_WORD, masked_questions, seed_names
+    from seeder.retrieve.wording import masked_questions, seed_names
 
     parent, child = versions
     config = config_for("dense+entity", learned=True, extra=("prior.question=masked",))
@@ -473,8 +473,9 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
     assert np.array_equal(ids, np.sort(kg.queries.column("id").to_numpy())) and np.array_equal(ids, seed_ids)
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
-    masked = masked_questions(texts, seed_names(kg.node_names, seeds))
-    assert sum(MASK_WORD in m.split() for m in masked) >= len(masked) // 2  # the linked names are gone
+    types = seed_names(kg.node_types, seeds)
+    masked = masked_questions(texts, seed_names(kg.node_names, seeds), types)
+    assert sum(f"the {t[0]}" in m for m, t in zip(masked, types)) >= len(masked) // 2  # each seed named by its type
     np.testing.assert_array_equal(read, apply_pca(load_encoder(config.embed).encode(masked), None))  # reduce.dim=0
     assert not np.allclose(read, np.load(out / "features" / "query.npy"))
 

@@ -9,7 +9,7 @@ import pytest
 from seeder.config import ConfigError, PriorConfig
 from seeder.retrieve.paths import ROOT
 from seeder.retrieve.prior import RelationPathPrior, prior_inputs, train_prior
-from seeder.retrieve.wording import ENTITY, mask_entities, question_form, seed_names
+from seeder.retrieve.wording import ENTITY, MASK_WORD, mask_entities, masked_questions, question_form, seed_names
 
 
 def test_seed_names_are_masked_whole_longest_first():
@@ -18,6 +18,13 @@ def test_seed_names_are_masked_whole_longest_first():
         [["Cars", "Cars 2"], ["Joel Zwick"], ["Cars"], []],
     )
     assert masked == [f"who directed {ENTITY}", f"what films did {ENTITY} direct", "who directed scars", "no seed here"]
+
+
+def test_a_masked_question_names_each_seed_by_its_type():
+    texts = ["Who directed The Matrix Reloaded and The Matrix?", "films by Ann Lee"]
+    names = [["The Matrix", "The Matrix Reloaded"], ["Ann Lee"]]
+    masked = masked_questions(texts, names, [["movie", "film"], [""]])
+    assert masked == ["who directed the film and the movie", f"films by {MASK_WORD}"]
 
 
 def test_features_depend_on_the_wording_not_on_the_entity():
