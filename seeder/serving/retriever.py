@@ -393,8 +393,7 @@ class Retriever:
         if self.prior is not None:
             prior_reads = query_features
             if self.prior.question == "masked":  # one more encoding: the question without its seeds' names
-                dataset = self.artifacts.dataset
-                named = seed_names(dataset.node_names, seeds), seed_names(dataset.node_types, seeds)
+                named = seed_names(self.artifacts.dataset.node_names, seeds), seed_names(self.artifacts.dataset.node_types, seeds)
                 prior_reads = self.encode(masked_questions(list(questions), *named))
             terms = prior_path_terms(
                 self.artifacts.dataset, self.graph, self.prior, np.asarray(prior_reads, np.float32), seeds, list(questions)

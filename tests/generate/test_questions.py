@@ -133,7 +133,7 @@ def test_texts_come_from_the_graphs_relation_texts_and_node_types(source):
     assert backward > 0 and typed > 0
 
 
-SHARE_WORDS = re.compile(r"whose \\w+ also |that shares a |the same \\w+ as ")
+SHARE_WORDS = re.compile(r"whose \w+ also |that shares a |the same \w+ as ")
 
 
 def goes_back(path, hop: int, num_relations: int) -> bool:
