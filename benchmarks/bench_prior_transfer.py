@@ -15,10 +15,14 @@ dataset's questions of another split, per hop:
 - ``seed-removed``: the query features less their component along the first seed's features, a
   masking that needs no second encoding.
 
+With ``--vote``, each reading is reported twice, the second time with the training questions that are
+not generated voting for their paths (``prior.vote: labelled``, ``seeder.retrieve.vote``).
+
 Golden paths of the judged split are searched here (preprocessing searches only the training split's).
 
     python benchmarks/bench_prior_transfer.py --artifacts runs/metaqa/generated-artifacts --split val
     python benchmarks/bench_prior_transfer.py --artifacts A --readings text,masked --examples 10
+    python benchmarks/bench_prior_transfer.py --artifacts runs/metaqa/mixed-artifacts --readings masked --vote
 """
 
 from __future__ import annotations
@@ -34,9 +38,10 @@ import pyarrow as pa
 from seeder.config import SeederConfig, from_dict
 from seeder.data.store import open_dataset
 from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder
-from seeder.preprocessing.stages import answer_csr, read_golden_paths, read_seed_table, train_query_ids
+from seeder.preprocessing.stages import answer_csr, generated_mask, read_golden_paths, read_seed_table, train_query_ids
 from seeder.retrieve.paths import describe, golden_paths_batched
 from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import ENTITY, mask_entities, masked_questions, seed_names
 
 READINGS = ("text", "masked", "masked-x", "masked-raw", "seed-removed")
@@ -61,6 +66,7 @@ def main() -> None:
     parser.add_argument("--split", default="val", help="the questions the refitted priors are judged on")
     parser.add_argument("--readings", default=",".join(READINGS), help=f"comma-separated, of {', '.join(READINGS)}")
     parser.add_argument("--examples", type=int, default=0, help="print this many misses per hop of the last reading")
+    parser.add_argument("--vote", action="store_true", help="also report each reading with the labelled questions' vote")
     args = parser.parse_args()
     readings = args.readings.split(",")
     if unknown := set(readings) - set(READINGS):
@@ -125,10 +131,12 @@ def main() -> None:
 
     print(f"| reading | top path a target, hop {' / '.join(str(h) for h in np.unique(hops))} | all | seconds |")
     print("|---|---|---|---|")
+    labelled = ~generated_mask(kg, train_ids)[train_rows]
     for name in readings:
         start = time.perf_counter()
+        train_reading = reading(name, train_ids)
         prior = train_prior(
-            prior_inputs(reading(name, train_ids), profile(train_ids)),
+            prior_inputs(train_reading, profile(train_ids)),
             train_rows,
             code[kept],
             weight,
@@ -137,10 +145,28 @@ def main() -> None:
             cfg.prior,
             echo=lambda *_: None,
         )
-        top = prior.vocab[prior.probs(prior_inputs(reading(name, judged_ids), profile(judged_ids))).argmax(axis=1)]
-        hit = np.array([(row, int(c)) in targets for row, c in enumerate(top.tolist())])
-        per_hop = " / ".join(f"{hit[hops == h].mean():.3f}" for h in np.unique(hops))
-        print(f"| {name} | {per_hop} | {hit.mean():.3f} | {time.perf_counter() - start:.0f} |", flush=True)
+        judged_inputs = prior_inputs(reading(name, judged_ids), profile(judged_ids))
+        votes = [None]
+        if args.vote:
+            p = cfg.prior
+            votes.append(
+                LabelledVote.build(
+                    train_reading,
+                    train_rows[labelled],
+                    code[kept][labelled],
+                    weight[labelled],
+                    prior.vocab,
+                    p.vote_temperature,
+                    p.vote_floor,
+                )
+            )
+        for vote in votes:
+            prior.vote = vote
+            top = prior.vocab[prior.probs(judged_inputs).argmax(axis=1)]
+            hit = np.array([(row, int(c)) in targets for row, c in enumerate(top.tolist())])
+            per_hop = " / ".join(f"{hit[hops == h].mean():.3f}" for h in np.unique(hops))
+            label = name if vote is None else f"{name}, {vote.size:,} labelled questions vote"
+            print(f"| {label} | {per_hop} | {hit.mean():.3f} | {time.perf_counter() - start:.0f} |", flush=True)
 
     names, texts = kg.relation_names, judged.column("text").to_pylist()
     rng = np.random.default_rng(0)

@@ -40,6 +40,7 @@ ParentTerm = Literal["similarity", "score"]
 RelationScore = Literal["cosine", "learned", "auto"]
 PriorModel = Literal["hops", "path"]
 PriorQuestion = Literal["text", "masked", "auto"]
+PriorVote = Literal["off", "labelled", "auto"]
 QueryInjection = Literal["add", "concat"]
 Baseline = Literal["group_mean", "none", "greedy"]
 TrainMode = Literal["seeder", "rerank"]
@@ -270,6 +271,19 @@ class PriorConfig(Section):
     from generated questions then reads real ones far better (``benchmarks/bench_prior_transfer.py``),
     for one more encoding of every question. ``auto`` (with no config file): ``masked`` when most
     training questions are generated, else ``text``."""
+    vote: PriorVote = "off"
+    """``labelled``: the training questions that are not generated (``seeder questions`` marks those) vote
+    for their own target paths, each by how close its reading is to the new question's, and the prior's
+    path probabilities are multiplied by (``vote_floor`` + the vote) (``seeder.retrieve.vote``). A few
+    real questions then carry how users ask to the questions worded like them, which a prior fitted
+    mostly on generated ones learns little of. ``auto`` (with no config file): ``labelled`` when most
+    training questions are generated and some are not, else ``off``."""
+    vote_temperature: float = 0.05
+    """Width of the vote's kernel: a labelled question at cosine s to the new one votes with weight
+    exp((s - 1) / vote_temperature), so only questions worded nearly alike count."""
+    vote_floor: float = 0.01
+    """Added to every path's vote before it multiplies the prior: where no labelled question is near,
+    all votes are about the floor and the prior's ranking stands."""
     wording_dim: int = 1024
     """Width of the hashed wording features the prior also reads: the question's words, word pairs and
     each word's distance to its seed's name, with the name masked (``seeder.retrieve.wording``). They

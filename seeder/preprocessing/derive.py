@@ -18,13 +18,16 @@ golden relation paths (seeder.retrieve.paths) already say what a tuned config wo
   hop, so that a K-hop question's answers are within the policy's reach, each step adding about the
   nodes the best paths reach at its hop (``step_budget``);
 - ``prior.wording_dim`` (auto): 0 when most training questions are generated from templates (``seeder
-  questions``), whose words are the templates' and say nothing of how people ask; the default otherwise.
+  questions``), whose words are the templates' and say nothing of how people ask; the default otherwise;
+- ``prior.question`` (auto): ``masked`` when most training questions are generated, else ``text``;
+- ``prior.vote`` (auto): ``labelled`` when some training questions are not generated and they are at
+  most half (a few real questions among generated ones), else ``off``.
 
 A config file asks for a derivation by writing these values; ``pipelines/preprocess.py`` run without
 ``--config`` derives every one of them that the command line does not set (``derive_unset``).
 
-Everything reads a fixed sample of at most ``SAMPLE`` training questions (chosen by a hash of their ids)
-and their answers only; val and test answers are never read. Each choice comes with a line that says why.
+Everything but ``prior.vote`` (which counts the whole split) reads a fixed sample of at most ``SAMPLE``
+training questions (chosen by a hash of their ids) and their answers only; val and test answers are never read. Each choice comes with a line that says why.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ def derive_unset(config: SeederConfig, overrides: dict) -> SeederConfig:
         prior = dataclasses.replace(prior, wording_dim=AUTO_WORDING)
     if "question" not in overrides.get("prior", {}):
         prior = dataclasses.replace(prior, question=AUTO)
+    if "vote" not in overrides.get("prior", {}):
+        prior = dataclasses.replace(prior, vote=AUTO)
     return dataclasses.replace(config, seed=seed, expand=expand, prior=prior)
 
 
@@ -88,6 +93,7 @@ def needs_derivation(config: SeederConfig) -> bool:
         or e.relation_score == AUTO_RELATION_SCORE
         or config.prior.wording_dim == AUTO_WORDING
         or config.prior.question == AUTO
+        or config.prior.vote == AUTO
     )
 
 
@@ -149,6 +155,18 @@ def derive_defaults(
             "reads them with their seeds' names masked when at least half are)"
         )
         config = dataclasses.replace(config, prior=dataclasses.replace(config.prior, question=question))
+    if config.prior.vote == AUTO:
+        # Counted over the whole training split, not the sample: ten real questions among 25,000
+        # generated ones are rarely in a sample, and they are what the vote is for.
+        train = kg.queries_of("train")
+        made = train.column("generated").to_numpy(zero_copy_only=False) if "generated" in train.column_names else []
+        labelled = int(len(train) - np.sum(made))
+        vote = "labelled" if 0 < labelled <= len(train) / 2 else "off"
+        lines.append(
+            f"auto: prior.vote={vote} ({labelled:,} of {len(train):,} training questions are not generated; they "
+            "vote for their paths when they are at most half)"
+        )
+        config = dataclasses.replace(config, prior=dataclasses.replace(config.prior, vote=vote))
     search = dataclasses.replace(config.prior, path_cap=64)
     max_hops = expand.hops or MAX_HOPS
 

@@ -16,7 +16,8 @@ idea in its smallest form:
   in training still gets mass) or one softmax over a vocabulary of whole paths (``path``: captures how
   the hops depend on each other, but only for paths seen in training). Trained with the soft-target
   cross-entropy; a hashed slice of the training questions is held out for early stopping. Paths whose
-  first relation the seeds lack get no mass.
+  first relation the seeds lack get no mass. With ``prior.vote: labelled``, the labelled training
+  questions near the new one then vote for their own paths (``seeder.retrieve.vote``).
 - **Use.** The vocabulary's paths and all their prefixes form a trie. For a question, the *path term*
   of trie node t is the log of the probability mass of the vocabulary paths that start with t plus the
   mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
@@ -41,6 +42,7 @@ import numpy as np
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.data.subgraphs import sorted_lookup
 from seeder.retrieve.paths import ROOT, path_length, sampled_slices
+from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import WORDING_VERSION, question_form
 from seeder.system.io import DataError
 
@@ -220,6 +222,7 @@ class RelationPathPrior:
     bag_weight: float = 0.0
     wording_dim: int = 0  # width of the question_form block of the inputs (0: the prior does not read it)
     question: str = "text"  # prior.question: "masked" when its query features embed the masked questions
+    vote: LabelledVote | None = None  # prior.vote: labelled questions' votes, multiplied in by ``probs``
 
     def inputs(
         self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
@@ -261,7 +264,11 @@ class RelationPathPrior:
         usable = profile[:, self.first_relation] > 0
         usable[~usable.any(axis=1)] = True
         e *= usable
-        return e / e.sum(axis=1, keepdims=True)
+        e /= e.sum(axis=1, keepdims=True)
+        if self.vote is not None:
+            # The vote reads the same question features as the MLP: the first block of the inputs.
+            e = self.vote.reweigh(e, x[:, : self.vote.features.shape[1]])
+        return e
 
     def _path_products(self, logits: np.ndarray) -> np.ndarray:
         """[Q, K (2R+1)] per-hop logits -> [Q, V] probabilities of every path of up to K relations."""
@@ -307,6 +314,10 @@ class RelationPathPrior:
             "question": self.question,
         }
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
+        if self.vote is not None:
+            self.vote.save(directory)
+        else:
+            (directory / "vote.npz").unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -315,6 +326,7 @@ class RelationPathPrior:
             with np.load(directory / "prior.npz", allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("w1", "b1", "w2", "b2", "vocab")}
             info = json.loads((directory / "prior.json").read_text())
+            vote = LabelledVote.load(directory)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
@@ -332,6 +344,7 @@ class RelationPathPrior:
             bag_weight=float(info.pop("bag_weight", 0.0)),
             wording_dim=int(info.pop("wording_dim", 0)),
             question=str(info.pop("question", "text")),
+            vote=vote,
             info=info,
         )
 

@@ -53,8 +53,9 @@ def test_derivation_reads_the_questions_needs_and_only_training_answers(tmp_path
     assert resolved.train.expansion_sizes == [STEP_MIN] * 3
     assert resolved.train.frontier_caps == [FRONTIER_FACTOR * STEP_MIN] * 3
     assert resolved.prior.wording_dim == PriorConfig().wording_dim  # real questions: their wording is read
-    assert len(lines) == 7 and all(line.startswith("auto: ") for line in lines)
+    assert len(lines) == 8 and all(line.startswith("auto: ") for line in lines)
     assert resolved.prior.question == "text"  # real questions: the prior reads them whole
+    assert resolved.prior.vote == "off"  # all of them labelled: the prior learns from them directly
     # Val and test answers are never read.
     other = _graph(tmp_path, "mangled", mangle_held_out=True)
     again, _ = derive_defaults(other, nf, qf, ids, config)
@@ -76,6 +77,7 @@ def test_generated_training_questions_turn_the_priors_wording_off_and_masking_on
     assert any(line.startswith("auto: prior.wording_dim=0 (1.00 of the training questions are generated") for line in lines)
     assert resolved.prior.question == "masked"
     assert any(line.startswith("auto: prior.question=masked (1.00 of the training questions are generated") for line in lines)
+    assert resolved.prior.vote == "off"  # no labelled question to vote
     given = derive_unset(SeederConfig(), {"prior": {"question": "text"}})
     assert given.prior.question == "text"
     assert derive_defaults(kg, nf, qf, ids, given)[0].prior.question == "text"
@@ -86,6 +88,25 @@ def test_generated_training_questions_turn_the_priors_wording_off_and_masking_on
         ].prior.wording_dim
         == 64
     )
+
+
+def test_a_few_labelled_questions_among_generated_ones_turn_the_vote_on(tmp_path):
+    nodes, relations, edges, queries = generate(
+        SynthConfig(nodes=400, relations=4, max_path_length=3, queries=900, hubs=0, multi_answer_frac=0.0, seed=1)
+    )
+    train = np.asarray(queries.column("split").to_pylist()) == "train"
+    # Three labelled training questions, fewer than the derivation's sample would be likely to hold.
+    generated = train & (np.cumsum(train) > 3)
+    kg = open_dataset(
+        write_dataset(tmp_path / "few", nodes, relations, edges, queries.append_column("generated", pa.array(generated)))
+    )
+    nf, qf = _features(kg)
+    ids = np.sort(kg.queries.column("id").to_numpy())
+    resolved, lines = derive_defaults(kg, nf, qf, ids, derive_unset(SeederConfig(), {}))
+    assert resolved.prior.vote == "labelled"
+    assert any(line.startswith(f"auto: prior.vote=labelled (3 of {int(train.sum()):,} training questions") for line in lines)
+    given = derive_unset(SeederConfig(), {"prior": {"vote": "off"}})
+    assert derive_defaults(kg, nf, qf, ids, given)[0].prior.vote == "off"
 
 
 def test_the_step_budget_follows_the_nodes_each_hop_reaches_within_bounds():
@@ -127,7 +148,7 @@ def test_the_command_line_overrides_a_derivation(tmp_path):
         {
             "expand": {"keep_per_hop": [50, 150], "relation_score": "cosine"},
             "seed": {"strategy": "dense"},
-            "prior": {"wording_dim": 1024, "question": "text"},
+            "prior": {"wording_dim": 1024, "question": "text", "vote": "off"},
         },
     )
     assert config.expand.hops == 2 and config.expand.relation_score == "cosine" and config.seed.strategy == "dense"

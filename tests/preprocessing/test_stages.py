@@ -139,3 +139,47 @@ def test_ceilings_are_the_per_split_ceilings_whatever_the_order_of_the_rows():
     assert ceilings(ordered, _Questions()) == expected
     assert ceilings(shuffled, _Questions()) == expected
     assert 0 < expected["all"]["all"]["hit_any"] < 1 and expected["val"]["all"]["queries"] == 15
+
+
+def test_the_prior_stage_lets_the_labelled_training_questions_vote(tmp_path):
+    """``prior.vote: labelled``: the questions not marked generated keep their readings and target paths
+    beside the prior (``vote.npz``), and the prior loaded from there applies their vote."""
+    from seeder.config import SeederConfig, SynthConfig
+    from seeder.data.store import open_dataset, write_dataset
+    from seeder.generate.synth import generate
+    from seeder.preprocessing.artifacts import read_seed_table
+    from seeder.preprocessing.stages import generated_mask, train_query_ids
+    from seeder.retrieve.prior import RelationPathPrior, prior_inputs, seed_relation_profile
+    from tests.preprocessing.test_incremental import config_for, full_run
+
+    nodes, relations, edges, queries = generate(
+        SynthConfig(nodes=300, relations=4, max_path_length=2, queries=400, hubs=0, multi_answer_frac=0.0, seed=3)
+    )
+    train = np.asarray(queries.column("split").to_pylist()) == "train"
+    generated = train & (np.cumsum(train) > 20)  # the first 20 training questions are labelled
+    dataset = write_dataset(tmp_path / "mixed", nodes, relations, edges, queries.append_column("generated", pa.array(generated)))
+    kg = open_dataset(dataset)
+    config = config_for(
+        "entity", learned=True, extra=("prior.vote=labelled", "seed.k0=1", "prior.min_count=1", "prior.wording_dim=0")
+    )
+    out = full_run(dataset, tmp_path / "art", config)
+    prior = RelationPathPrior.load(out / "prior")
+    ids = train_query_ids(kg)
+    labelled = ids[~generated_mask(kg, ids)]
+    assert len(labelled) == 20 and prior.vote is not None and 0 < prior.vote.size <= 20
+    assert json.loads((out / "prior" / "prior.json").read_text())["vote_questions"] == prior.vote.size
+    # Each voter's reading is its question's query features (prior.question: text), normalised.
+    features = np.load(out / "features" / "query.npy")[np.searchsorted(np.load(out / "features" / "query_ids.npy"), labelled)]
+    unit = features / np.linalg.norm(features, axis=1, keepdims=True)
+    assert np.isclose(prior.vote.features @ unit.T, 1, atol=1e-5).any(axis=1).all()
+    # A labelled question asked again is answered with one of its own target paths.
+    seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
+    profile = seed_relation_profile(
+        kg.indptr, kg.edge_relations, seeds[np.searchsorted(seed_ids, labelled)], 2 * kg.num_relations
+    )
+    top = prior.probs(prior_inputs(features, profile)).argmax(axis=1)
+    voter = np.flatnonzero(np.isclose(unit @ prior.vote.features.T, 1, atol=1e-5).any(axis=1))
+    own = [set(prior.vote.slot[prior.vote.ptr[j] : prior.vote.ptr[j + 1]].tolist()) for j in range(prior.vote.size)]
+    owner = np.isclose(unit[voter] @ prior.vote.features.T, 1, atol=1e-5).argmax(axis=1)
+    assert all(top[v] in own[j] for v, j in zip(voter, owner))
+    assert SeederConfig().prior.vote == "off"  # a config file's default: only derivation turns it on
