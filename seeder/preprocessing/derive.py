@@ -27,7 +27,8 @@ A config file asks for a derivation by writing these values; ``pipelines/preproc
 ``--config`` derives every one of them that the command line does not set (``derive_unset``).
 
 Everything but ``prior.vote`` (which counts the whole split) reads a fixed sample of at most ``SAMPLE``
-training questions (chosen by a hash of their ids) and their answers only; val and test answers are never read. Each choice comes with a line that says why.
+training questions (chosen by a hash of their ids) and their answers only; val and test answers are never
+read. Each choice comes with a line that says why.
 """
 
 from __future__ import annotations
