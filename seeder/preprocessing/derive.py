@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from seeder.config import AUTO, PriorConfig, SeederConfig
-from seeder.preprocessing.stages import answer_csr
+from seeder.preprocessing.stages import answer_csr, generated_mask, train_query_ids
 from seeder.retrieve.paths import golden_paths
 from seeder.retrieve.prior import path_targets
 from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
@@ -159,9 +159,8 @@ def derive_defaults(
     if config.prior.vote == AUTO:
         # Counted over the whole training split, not the sample: ten real questions among 25,000
         # generated ones are rarely in a sample, and they are what the vote is for.
-        train = kg.queries_of("train")
-        made = train.column("generated").to_numpy(zero_copy_only=False) if "generated" in train.column_names else []
-        labelled = int(len(train) - np.sum(made))
+        train = train_query_ids(kg)
+        labelled = int((~generated_mask(kg, train)).sum())
         vote = "labelled" if 0 < labelled <= len(train) / 2 else "off"
         lines.append(
             f"auto: prior.vote={vote} ({labelled:,} of {len(train):,} training questions are not generated; they "
