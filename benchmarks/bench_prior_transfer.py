@@ -9,14 +9,16 @@ dataset's questions of another split, per hop:
 - ``text``: the features stage's query features (the question's embedding, PCA'd): what the pipeline uses;
 - ``masked``: the embedding of the question with each seed's name replaced by "the" and its type
   (``seeder.retrieve.wording.masked_questions``), PCA'd like the features: the question's wording
-  without the name that dominates a sentence embedding; what ``prior.question: masked`` reads;
+  without the name that dominates a sentence embedding; what ``prior.question: masked`` reads (taken from
+  the prior stage's ``question.npy`` where the artifacts have one);
 - ``masked-x``: the names replaced by ``X`` instead (the reading SR and most KBQA relation predictors use);
 - ``masked-raw``: ``masked`` without the PCA;
 - ``seed-removed``: the query features less their component along the first seed's features, a
   masking that needs no second encoding.
 
 With ``--vote``, each reading is reported twice, the second time with the training questions that are
-not generated voting for their paths (``prior.vote: labelled``, ``seeder.retrieve.vote``).
+not generated voting for their paths (``prior.vote: labelled``, ``seeder.retrieve.vote``). With
+``--labelled-weights 1,10``, each reading is refitted once per ``prior.labelled_weight``.
 
 Golden paths of the judged split are searched here (preprocessing searches only the training split's).
 
@@ -67,6 +69,18 @@ def main() -> None:
     parser.add_argument("--readings", default=",".join(READINGS), help=f"comma-separated, of {', '.join(READINGS)}")
     parser.add_argument("--examples", type=int, default=0, help="print this many misses per hop of the last reading")
     parser.add_argument("--vote", action="store_true", help="also report each reading with the labelled questions' vote")
+    parser.add_argument(
+        "--labelled-weights",
+        default="",
+        help="comma-separated prior.labelled_weight values to refit each reading with (default: the artifacts' own)",
+    )
+    parser.add_argument(
+        "--labelled-keep",
+        type=int,
+        default=-1,
+        help="keep only this many of the labelled training questions (a hashed choice), to see fewer labels "
+        "without preprocessing again; -1 keeps them all",
+    )
     args = parser.parse_args()
     readings = args.readings.split(",")
     if unknown := set(readings) - set(READINGS):
@@ -98,6 +112,17 @@ def main() -> None:
         num_ids,
     )
     train_rows = np.searchsorted(train_ids, qid[kept])
+    labelled_questions = ~generated_mask(kg, train_ids)
+    if args.labelled_keep >= 0:
+        # The labelled questions beyond the first N by a hash of their ids lose their target rows: the fit
+        # and the vote then see N labelled questions.
+        labelled_ids = train_ids[labelled_questions]
+        hashed = (labelled_ids.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
+        dropped = np.isin(train_ids, labelled_ids[np.argsort(hashed, kind="stable")[args.labelled_keep :]])
+        keep_rows = ~dropped[train_rows]
+        kept, weight, train_rows = kept[keep_rows], weight[keep_rows], train_rows[keep_rows]
+        labelled_questions &= ~dropped
+        print(f"{int(labelled_questions.sum()):,} labelled training questions kept, {int(dropped.sum()):,} dropped")
 
     judged = kg.queries_of(args.split)
     judged_ids = judged.column("id").to_numpy()
@@ -117,6 +142,10 @@ def main() -> None:
         if name == "seed-removed":
             direction = l2_normalize(np.asarray(node_features[np.maximum(seeds[:, 0], 0)], dtype=np.float32))
             return features - (features * direction).sum(axis=1, keepdims=True) * direction
+        stored = artifacts / "prior" / "question.npy"
+        if name == "masked" and stored.exists():  # the prior stage's own masked reading of every question
+            stored_ids = np.load(artifacts / "prior" / "question_ids.npy")
+            return np.load(stored, mmap_mode="r")[np.searchsorted(stored_ids, ids)]
         texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
         if name == "masked-x":
             masked = [t.replace(ENTITY, "X") for t in mask_entities(texts, seed_names(kg.node_names, seeds))]
@@ -131,10 +160,18 @@ def main() -> None:
 
     print(f"| reading | top path a target, hop {' / '.join(str(h) for h in np.unique(hops))} | all | seconds |")
     print("|---|---|---|---|")
-    labelled = ~generated_mask(kg, train_ids)[train_rows]
-    for name in readings:
+    labelled = labelled_questions[train_rows]
+    weights = [float(w) for w in args.labelled_weights.split(",")] if args.labelled_weights else [cfg.prior.labelled_weight]
+    readings_of: dict[tuple[str, str], np.ndarray] = {}  # each reading encoded once, whatever the weights
+
+    def read(name: str, split: str, ids: np.ndarray) -> np.ndarray:
+        if (name, split) not in readings_of:
+            readings_of[name, split] = reading(name, ids)
+        return readings_of[name, split]
+
+    for name, labelled_weight in ((n, w) for n in readings for w in weights):
         start = time.perf_counter()
-        train_reading = reading(name, train_ids)
+        train_reading = read(name, "train", train_ids)
         prior = train_prior(
             prior_inputs(train_reading, profile(train_ids)),
             train_rows,
@@ -144,8 +181,9 @@ def main() -> None:
             num_ids,
             cfg.prior,
             echo=lambda *_: None,
+            question_weight=np.where(labelled_questions, labelled_weight, 1.0),
         )
-        judged_inputs = prior_inputs(reading(name, judged_ids), profile(judged_ids))
+        judged_inputs = prior_inputs(read(name, args.split, judged_ids), profile(judged_ids))
         votes = [None]
         if args.vote:
             p = cfg.prior
@@ -165,7 +203,9 @@ def main() -> None:
             top = prior.vocab[prior.probs(judged_inputs).argmax(axis=1)]
             hit = np.array([(row, int(c)) in targets for row, c in enumerate(top.tolist())])
             per_hop = " / ".join(f"{hit[hops == h].mean():.3f}" for h in np.unique(hops))
-            label = name if vote is None else f"{name}, {vote.size:,} labelled questions vote"
+            label = f"{name}, labelled weight {labelled_weight:g}" + (
+                "" if vote is None else f", {vote.size:,} labelled questions vote"
+            )
             print(f"| {label} | {per_hop} | {hit.mean():.3f} | {time.perf_counter() - start:.0f} |", flush=True)
 
     names, texts = kg.relation_names, judged.column("text").to_pylist()

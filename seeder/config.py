@@ -284,6 +284,10 @@ class PriorConfig(Section):
     vote_floor: float = 0.01
     """Added to every path's vote before it multiplies the prior: where no labelled question is near,
     all votes are about the floor and the prior's ranking stands."""
+    labelled_weight: float = 10.0
+    """How much a training question that is not generated counts in the prior's fit, against 1 for a
+    generated one: a hundred real questions among thousands of generated ones otherwise move the fit
+    little. No effect when all training questions are of one kind."""
     wording_dim: int = 1024
     """Width of the hashed wording features the prior also reads: the question's words, word pairs and
     each word's distance to its seed's name, with the name masked (``seeder.retrieve.wording``). They
@@ -756,6 +760,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if annotation is float and isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}={value!r}: not a finite number; give a finite value such as 0.001")
     if origin is Literal:
+        if isinstance(value, bool):
+            # YAML 1.1 reads a bare off / on / no / yes as a boolean: give back the choice so written.
+            spelled = [c for c in get_args(annotation) if isinstance(c, str) and yaml.safe_load(c) is value]
+            value = spelled[0] if len(spelled) == 1 else value
         return value  # the section checks the value (Section.__post_init__)
     if annotation in (int, float, str, bool):
         if not isinstance(value, annotation) or (annotation is int and isinstance(value, bool)):

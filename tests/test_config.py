@@ -156,6 +156,16 @@ def test_every_choice_field_is_checked_when_its_section_is_built():
     assert checked >= 8  # seed.strategy, expand.parent_term/relation_score, prior.model, model.query_injection, ...
 
 
+def test_a_choice_spelled_like_a_yaml_boolean_keeps_its_spelling(tmp_path):
+    # YAML 1.1 reads a bare `off` as False; the choice field gets "off" back, from a file or an override.
+    assert load_config(None, ["prior.vote=off"]).prior.vote == "off"
+    path = tmp_path / "c.yaml"
+    path.write_text("prior:\n  vote: off\n")
+    assert load_config(path, []).prior.vote == "off"
+    with pytest.raises(ConfigError, match="prior.vote=True: use one of off, labelled, auto"):
+        load_config(None, ["prior.vote=yes"])  # no choice is spelled like true
+
+
 def test_configs_written_before_the_baselines_had_sub_sections_still_load():
     from seeder.config import SeederConfig, from_dict
 

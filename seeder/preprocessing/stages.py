@@ -200,6 +200,11 @@ def check_config(config: SeederConfig) -> None:
         or not (p.lr > 0)
     ):
         raise ConfigError("prior: caps, sizes, epochs and lr must be positive, keep_ratio in (0, 1], holdout_fraction in [0, 1)")
+    if not p.labelled_weight > 0:
+        raise ConfigError(
+            f"prior.labelled_weight must be positive (how much a labelled training question counts against a "
+            f"generated one in the prior's fit), got {p.labelled_weight}"
+        )
     if not (p.vote_temperature > 0 and p.vote_floor > 0):
         raise ConfigError(
             f"prior.vote_temperature and prior.vote_floor must be positive (a kernel width and the vote every "
@@ -868,6 +873,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
         2 * kg.num_relations,
     )
     rows = np.searchsorted(query_ids, qid[kept])
+    labelled = ~generated_mask(kg, query_ids)
     # A fixed thread count, so that the prior is the same bits on any node of any cluster: the job
     # driver of `ray job submit` runs with one thread, a local run with one per core, and two thread
     # counts split the products' sums differently.
@@ -882,10 +888,10 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             config.prior,
             echo=echo,
             wording_dim=config.prior.wording_dim,
+            question_weight=np.where(labelled, config.prior.labelled_weight, 1.0),
         )
     prior.question = config.prior.question
     if config.prior.vote == "labelled":
-        labelled = ~generated_mask(kg, query_ids)
         mine = labelled[rows]
         prior.vote = LabelledVote.build(
             query_features,

@@ -359,6 +359,7 @@ def train_prior(
     cfg: PriorConfig,
     echo=print,
     wording_dim: int = 0,
+    question_weight: np.ndarray | None = None,
 ) -> RelationPathPrior:
     """Fit the prior on target rows (query row, path code, weight) of training questions, then refit it
     ``prior.refine_rounds`` times on the same rows reweighted by the fitted prior's own probability
@@ -371,10 +372,12 @@ def train_prior(
     coincidences get little probability, and the refit learns from the rest.
 
     ``inputs`` [Q, d + W + 2R] holds every training question's ``prior_inputs``, ``query_ids`` their ids
-    (for the hashed hold-out); ``wording_dim`` is W, the width of their wording block. Questions
-    without a target row are not used.
+    (for the hashed hold-out); ``wording_dim`` is W, the width of their wording block; ``question_weight``
+    [Q] how much each question counts in the loss (1 for all when None). Questions without a target row
+    are not used.
     """
-    prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, echo, wording_dim)
+    fit = dict(echo=echo, wording_dim=wording_dim, question_weight=question_weight)
+    prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, **fit)
     for _ in range(max(cfg.refine_rounds, 0)):
         questions, row = np.unique(query, return_inverse=True)
         probs = prior.probs(np.asarray(inputs[questions], dtype=np.float32))
@@ -384,7 +387,7 @@ def train_prior(
         # A question none of whose paths the prior knows keeps its weights.
         weight = np.where(total[row] > 0, likely / np.maximum(total[row], 1e-30), weight).astype(np.float32)
         # Warm-started from the first fit: early stopping ends the refit within a few epochs.
-        prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, echo, wording_dim, start=prior)
+        prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, **fit, start=prior)
     return prior
 
 
@@ -404,6 +407,7 @@ def _fit_prior(
     cfg: PriorConfig,
     echo=print,
     wording_dim: int = 0,
+    question_weight: np.ndarray | None = None,
     start: RelationPathPrior | None = None,
 ) -> RelationPathPrior:
     """One fit of the prior on weighted target rows (see ``train_prior``), from ``start``'s weights
@@ -480,14 +484,18 @@ def _fit_prior(
             }
         )
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    xt, yt = torch.from_numpy(x[~held]), torch.from_numpy(fit_targets[~held])
-    xv, yv = torch.from_numpy(x[held]), torch.from_numpy(fit_targets[held])
+    w = np.ones(len(rows), np.float32) if question_weight is None else np.asarray(question_weight, np.float32)[rows]
+    w /= w.max()  # equal weights become exactly 1: the same fit, bit for bit, as no weights
+    xt, yt, wt = (torch.from_numpy(a[~held]) for a in (x, fit_targets, w))
+    xv, yv, wv = (torch.from_numpy(a[held]) for a in (x, fit_targets, w))
     groups = max_length + 1 if cfg.model == "hops" else 1
 
-    def loss_of(xb, yb):
-        # Soft-target cross-entropy, summed over the hops' softmaxes for the per-hop model.
+    def loss_of(xb, yb, wb):
+        # Soft-target cross-entropy, summed over the hops' softmaxes for the per-hop model; a weighted
+        # mean over the questions.
         logits = net(xb).reshape(len(xb), groups, -1)
-        return -(yb.reshape(len(xb), groups, -1) * torch.log_softmax(logits, dim=2)).sum(dim=(1, 2)).mean()
+        per_question = -(yb.reshape(len(xb), groups, -1) * torch.log_softmax(logits, dim=2)).sum(dim=(1, 2))
+        return (per_question * wb).sum() / wb.sum()
 
     best, best_state, stale, epoch = float("inf"), None, 0, 0
     for epoch in range(1, cfg.epochs + 1):
@@ -496,12 +504,12 @@ def _fit_prior(
         for lo in range(0, len(xt), cfg.batch_size):
             idx = perm[lo : lo + cfg.batch_size]
             opt.zero_grad()
-            loss = loss_of(xt[idx], yt[idx])
+            loss = loss_of(xt[idx], yt[idx], wt[idx])
             loss.backward()
             opt.step()
         net.eval()
         with torch.no_grad():
-            val = float(loss_of(xv, yv))
+            val = float(loss_of(xv, yv, wv))
         if val < best - 1e-4:
             best, stale = val, 0
             best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}

@@ -183,3 +183,16 @@ def test_the_prior_stage_lets_the_labelled_training_questions_vote(tmp_path):
     owner = np.isclose(unit[voter] @ prior.vote.features.T, 1, atol=1e-5).argmax(axis=1)
     assert all(top[v] in own[j] for v, j in zip(voter, owner))
     assert SeederConfig().prior.vote == "off"  # a config file's default: only derivation turns it on
+
+
+def test_the_labelled_weight_is_part_of_the_prior_stage_fingerprint():
+    from seeder.config import ConfigError, load_config
+    from seeder.preprocessing.stages import check_config, stage_fingerprints
+
+    learned = ["expand.relation_score=learned", "expand.hops=2", "prior.vote=off"]
+    plain = stage_fingerprints(load_config(None, learned), "d")
+    heavier = stage_fingerprints(load_config(None, [*learned, "prior.labelled_weight=20"]), "d")
+    assert plain["paths"] == heavier["paths"] and plain["prior"] != heavier["prior"]
+    assert plain["subgraphs"] != heavier["subgraphs"]  # the subgraphs follow the prior
+    with pytest.raises(ConfigError, match="prior.labelled_weight must be positive"):
+        check_config(load_config(None, ["prior.labelled_weight=0"]))

@@ -94,6 +94,32 @@ def test_the_prior_learns_which_path_a_question_asks_for(tmp_path):
         np.testing.assert_allclose(loaded, trained, rtol=1e-6)
 
 
+def test_a_heavier_question_weight_wins_where_two_kinds_of_question_read_alike():
+    # 500 questions of one kind and 50 of another with the same features but another target path: with
+    # equal weights the many win; weighted 20x, the few do (their share of the loss is then 2 to 1).
+    rng = np.random.default_rng(1)
+    features = prior_inputs(np.tile(rng.normal(size=(1, 8)), (550, 1)) + 0.01 * rng.normal(size=(550, 8)), np.ones((550, 6)))
+    few = np.arange(550) >= 500
+    paths = np.where(few, ROOT * 6 + 2, ROOT * 6 + 3)
+
+    def top_path(question_weight):
+        prior = train_prior(
+            features,
+            np.arange(550),
+            paths,
+            np.ones(550, np.float32),
+            np.arange(550) * 7 + 3,
+            6,
+            PriorConfig(epochs=20, hidden_dim=16),
+            echo=lambda _: None,
+            question_weight=question_weight,
+        )
+        return np.bincount(prior.vocab[prior.probs(features).argmax(axis=1)] - ROOT * 6, minlength=6).argmax()
+
+    assert top_path(None) == 3
+    assert top_path(np.where(few, 20.0, 1.0)) == 2
+
+
 def _order_graph(num_seeds: int):
     """Seeds with two relation-ordered trees: seed -A-> x -B-> answer-type nodes, and seed -B-> y -A->
     nodes of the other type. "the B of the A of s" and "the A of the B of s" name the same two relations,
