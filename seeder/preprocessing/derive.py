@@ -39,7 +39,7 @@ import numpy as np
 
 from seeder.config import AUTO, PriorConfig, SeederConfig
 from seeder.preprocessing.stages import answer_csr, generated_mask, train_query_ids
-from seeder.retrieve.paths import golden_paths
+from seeder.retrieve.paths import golden_paths_batched
 from seeder.retrieve.prior import path_targets
 from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
 
@@ -171,9 +171,7 @@ def derive_defaults(
     max_hops = expand.hops or MAX_HOPS
 
     def paths_from(seeds: np.ndarray, length: int, every: bool = False) -> dict[str, np.ndarray]:
-        found = golden_paths(
-            kg.indptr, kg.neighbors, kg.edge_relations, kg.num_relations, seeds, ptr, answers, length, search, every_path=every
-        )
+        found = golden_paths_batched(kg, seeds, ptr, answers, length, search, every_path=every)
         found["answers_of"] = np.diff(ptr)[found["query"]]
         return found
 

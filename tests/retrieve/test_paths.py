@@ -62,6 +62,13 @@ def test_golden_paths_match_a_brute_force_enumeration(seed):
     )
     for key in found:
         np.testing.assert_array_equal(found[key], batched[key], err_msg=key)
+    # Nor with every path, answer or not (what the derivation of defaults searches).
+    cfg = PriorConfig(neighbor_cap=10**6, path_cap=10**6, batch_queries=5)
+    every = golden_paths(indptr, neighbors, relations, r, seeds, ptr, np.concatenate(answers), 3, cfg, every_path=True)
+    every_batched = golden_paths_batched(kg, seeds, ptr, np.concatenate(answers), 3, cfg, every_path=True)
+    assert len(every["code"]) > len(found["code"])
+    for key in every:
+        np.testing.assert_array_equal(every[key], every_batched[key], err_msg=key)
 
 
 def test_caps_bound_the_work_of_a_hub():
