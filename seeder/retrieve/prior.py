@@ -15,9 +15,10 @@ idea in its smallest form:
   hops``, the default: a path's probability is the product along it, so a composition never seen whole
   in training still gets mass) or one softmax over a vocabulary of whole paths (``path``: captures how
   the hops depend on each other, but only for paths seen in training). Trained with the soft-target
-  cross-entropy; a hashed slice of the training questions is held out for early stopping. Paths whose
-  first relation the seeds lack get no mass. With ``prior.vote: labelled``, the labelled training
-  questions near the new one then vote for their own paths (``seeder.retrieve.vote``).
+  cross-entropy (a labelled question among generated ones counts ``prior.labelled_weight`` times); a
+  hashed slice of the training questions is held out for early stopping. Paths whose first relation the
+  seeds lack get no mass. With ``prior.vote: labelled``, the labelled training questions near the new one
+  then vote for their own paths (``seeder.retrieve.vote``).
 - **Use.** The vocabulary's paths and all their prefixes form a trie. For a question, the *path term*
   of trie node t is the log of the probability mass of the vocabulary paths that start with t plus the
   mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
