@@ -42,7 +42,7 @@ from seeder.data.store import open_dataset
 from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder
 from seeder.preprocessing.stages import answer_csr, generated_mask, read_golden_paths, read_seed_table, train_query_ids
 from seeder.retrieve.paths import describe, golden_paths_batched
-from seeder.retrieve.prior import path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.prior import id_hash, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import ENTITY, mask_entities, masked_questions, seed_names
 
@@ -117,8 +117,7 @@ def main() -> None:
         # The labelled questions beyond the first N by a hash of their ids lose their target rows: the fit
         # and the vote then see N labelled questions.
         labelled_ids = train_ids[labelled_questions]
-        hashed = (labelled_ids.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
-        dropped = np.isin(train_ids, labelled_ids[np.argsort(hashed, kind="stable")[args.labelled_keep :]])
+        dropped = np.isin(train_ids, labelled_ids[np.argsort(id_hash(labelled_ids), kind="stable")[args.labelled_keep :]])
         keep_rows = ~dropped[train_rows]
         kept, weight, train_rows = kept[keep_rows], weight[keep_rows], train_rows[keep_rows]
         labelled_questions &= ~dropped

@@ -40,7 +40,7 @@ import numpy as np
 from seeder.config import AUTO, PriorConfig, SeederConfig
 from seeder.preprocessing.stages import answer_csr, generated_mask, train_query_ids
 from seeder.retrieve.paths import golden_paths_batched
-from seeder.retrieve.prior import path_targets
+from seeder.retrieve.prior import id_hash, path_targets
 from seeder.retrieve.seeds import EntityLinker, dense_seeds, given_seeds, select_seeds
 
 SAMPLE = 2_000
@@ -104,8 +104,7 @@ def _sample(kg) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], float]:
     train = kg.queries_of("train").sort_by("id")
     ids = train.column("id").to_numpy()
     if len(ids) > SAMPLE:
-        h = (ids.astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
-        keep = np.sort(np.argsort(h, kind="stable")[:SAMPLE])
+        keep = np.sort(np.argsort(id_hash(ids), kind="stable")[:SAMPLE])
         train = train.take(keep)
         ids = ids[keep]
 

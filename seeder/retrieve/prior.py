@@ -392,10 +392,14 @@ def train_prior(
     return prior
 
 
+def id_hash(ids: np.ndarray) -> np.ndarray:
+    """Knuth's multiplicative hash of ids into [0, 2^32): a stable pseudo-random order of them."""
+    return (np.asarray(ids, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
+
+
 def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
-    """A stable pseudo-random share of the query ids (Knuth's multiplicative hash)."""
-    h = (np.asarray(query_ids, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(2**32)
-    return h < np.uint64(int(fraction * 2**32))
+    """A stable pseudo-random share of the query ids (``id_hash``)."""
+    return id_hash(query_ids) < np.uint64(int(fraction * 2**32))
 
 
 def _fit_prior(
