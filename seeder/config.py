@@ -665,10 +665,6 @@ class QuestionsConfig(Section):
     real_train: int = 0
     """Real training questions of the dataset kept beside the generated ones (a fixed, hashed sample;
     0 keeps none: the generated questions alone train)."""
-    rewordings: int = 20
-    """For each kept real training question (``real_train``), up to this many more training questions in
-    its words: its topic entity replaced by another node of the same type, the answers those its
-    relation path reaches from there (``seeder.generate.reworded``). 0: none."""
     seed: int = 0
     """Seed of every random choice; the same seed gives the same questions."""
 

@@ -40,7 +40,6 @@ import pyarrow.compute as pc
 
 from seeder.config import ConfigError, QuestionsConfig
 from seeder.data.store import open_dataset, write_dataset
-from seeder.generate.reworded import reworded
 from seeder.retrieve.paths import first_of_runs, sampled_slices
 from seeder.system.io import DataError
 
@@ -319,32 +318,6 @@ def _real_questions(kg, real_train: int, seed: int) -> pa.Table:
     return queries.take(pa.array(rows))
 
 
-def _take(made: dict[str, Any], rows: np.ndarray) -> dict[str, Any]:
-    """Questions ``rows`` of a ``generate``-shaped dict (per-question arrays and answers in CSR)."""
-    ptr = made["answer_ptr"]
-    counts = np.diff(ptr)[rows]
-    out_ptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(counts, out=out_ptr[1:])
-    flat = np.repeat(ptr[rows], counts) + (np.arange(out_ptr[-1]) - np.repeat(out_ptr[:-1], counts))
-    per_question = {
-        k: (np.asarray(v)[rows] if k != "texts" else [v[i] for i in rows]) for k, v in made.items() if k in PER_QUESTION
-    }
-    return dict(per_question, answer_ptr=out_ptr, answers=made["answers"][flat])
-
-
-def _concat(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two ``generate``-shaped dicts, ``a``'s questions first."""
-    out = {k: np.concatenate([a[k], b[k]]) for k in PER_QUESTION if k != "texts"}
-    out["texts"] = list(a["texts"]) + list(b["texts"])
-    out["answers"] = np.concatenate([a["answers"], b["answers"]])
-    out["answer_ptr"] = np.concatenate([a["answer_ptr"], a["answer_ptr"][-1] + b["answer_ptr"][1:]])
-    return out
-
-
-PER_QUESTION = ("anchors", "paths", "lengths", "codes", "texts", "held_out")
-"""The per-question entries of what ``generate`` returns (the answers are CSR beside them)."""
-
-
 def build_dataset(
     source: str | Path,
     out: str | Path,
@@ -358,14 +331,6 @@ def build_dataset(
     kg = open_dataset(source)
     made = generate(kg, cfg, paraphrase)
     real = _real_questions(kg, cfg.real_train, cfg.seed)
-    labelled = real.filter(pc.equal(real.column("split"), "train"))
-    rewordings = 0
-    if cfg.rewordings and labelled.num_rows:
-        more = reworded(kg, labelled, cfg, np.random.default_rng([cfg.seed, 2]))
-        # A labelled question's path may be one of the held-out ones: its rewordings are not trained on either.
-        more = _take(more, np.flatnonzero(~held_out(more["codes"], more["lengths"], cfg.holdout_fraction)))
-        rewordings = len(more["anchors"])
-        made = _concat(made, dict(more, held_out=np.zeros(rewordings, dtype=bool)))
     has_val = "val" in set(real.column("split").to_pylist())
     use = ~made["held_out"] | (not has_val)  # held-out paths serve as val only where the source has none
     split = np.where(made["held_out"], "val", "train")[use]
@@ -411,7 +376,6 @@ def build_dataset(
         "config": dataclasses.asdict(cfg),
         "held_out_paths": held,
         "generated": int(len(rows)),
-        "rewordings": rewordings,
         "real_kept": int(real.num_rows),
     }
     edges = kg.table("edges")
@@ -433,8 +397,7 @@ def build_dataset(
     per_hop = ", ".join(f"{c:,} of {h + 1} hop{'s' if h else ''}" for h, c in enumerate(by_hop))
     echo(
         f"questions: {len(rows):,} generated ({per_hop}; "
-        f"{int((split == 'val').sum()):,} of them val over {len(held):,} held-out relation paths; "
-        f"{rewordings:,} of them in the words of the kept training questions), "
+        f"{int((split == 'val').sum()):,} of them val over {len(held):,} held-out relation paths), "
         f"{real.num_rows:,} of the source's own kept, in {time.perf_counter() - start:.1f} s: {out}"
     )
     return source_info
