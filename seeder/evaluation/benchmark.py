@@ -59,6 +59,7 @@ TABLE_KS = (1, 5, 20)
 DISPLAY_NAMES = {
     "dense": "Dense",
     "khop": "K-HOP-W-FILTER",
+    "prior": "Relation-path prior",
     "g-retriever": "G-Retriever",
     "subgraphrag": "SubgraphRAG",
     "beam": "Beam",

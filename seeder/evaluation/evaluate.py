@@ -24,6 +24,9 @@ METRIC_ORDER = ["hit_at_{k}", "recall_at_{k}", "mrr", "hit_any", "recall_any", "
 
 
 DEFAULT_METHODS = ["dense", "khop"]
+NAMED_ONLY = ("seeder", "prior")
+"""Methods ``all`` leaves out: ``seeder`` needs a model (it comes back last when one is given), ``prior``
+needs subgraphs of the learned filter, which not every artifacts directory has."""
 
 
 def resolve_methods(
@@ -34,16 +37,16 @@ def resolve_methods(
 ) -> list[str]:
     """Method names from ``--method`` values (each a name, a comma list or ``all``), without repeats.
 
-    ``all`` expands to the methods of ``order`` that are registered, then the other registered ones,
-    and ``seeder`` last, only when a model is given (it cannot run without one)."""
+    ``all`` expands to the methods of ``order`` that are registered, then the other registered ones
+    but ``prior``, and ``seeder`` last, only when a model is given (it cannot run without one)."""
     specs = [specs] if isinstance(specs, str) else list(specs or default)
     known = registry.available()
     names: list[str] = []
     for spec in specs:
         for name in (part.strip() for part in spec.split(",")):
             if name == "all":
-                names += [m for m in order if m in known and m != "seeder"]
-                names += [m for m in known if m not in order and m != "seeder"]
+                names += [m for m in order if m in known and m not in NAMED_ONLY]
+                names += [m for m in known if m not in order and m not in NAMED_ONLY]
                 names += ["seeder"] if model and "seeder" in known else []
             elif name:
                 names.append(name)

@@ -35,7 +35,7 @@ edges tied at its best term the smallest trie node names its path.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -415,3 +415,38 @@ class KHopRetriever:
 @register("khop")
 def build_khop(artifacts, config: SeederConfig, model: str | None = None) -> KHopRetriever:
     return KHopRetriever(node_features=artifacts.node_features, config=config)
+
+
+def path_end_order(subgraphs: SubgraphSet) -> np.ndarray:
+    """A score per subgraph node whose descending order is: nodes other than the seeds first (an answer
+    is rarely the node the question names), then the prior's path end (the log mass of the relation
+    paths that stop at the node's path), then the filter score."""
+    owner = np.repeat(np.arange(len(subgraphs)), subgraphs.sizes)
+    order = np.lexsort((subgraphs.nodes, -subgraphs.score, -subgraphs.path_end, subgraphs.hop == 0, owner))
+    rank = np.empty(len(order), dtype=np.float32)
+    rank[order] = run_positions(owner[order])
+    return -rank
+
+
+@dataclass
+class PriorRanker:
+    """K-HOP-W-FILTER's subgraph ranked by the learned filter's own answer signal, with no policy: what
+    the relation-path prior alone retrieves, the reference a trained policy must beat. (``khop`` ranks by
+    the filter score, which for the learned filter is a path prefix's mass and puts the seeds and their
+    neighbours first.)"""
+
+    khop: KHopRetriever
+
+    def retrieve(self, subgraphs: SubgraphSet, query_features: np.ndarray) -> RetrievalResult:
+        if len(subgraphs.nodes) and not subgraphs.path_end.any():
+            raise DataError(
+                "method 'prior' ranks by the learned relation-path prior, but these artifacts' subgraphs come from "
+                "the cosine filter (expand.relation_score=cosine): preprocess with expand.relation_score=learned, "
+                "or use --method khop"
+            )
+        return self.khop.retrieve(replace(subgraphs, score=path_end_order(subgraphs)), query_features)
+
+
+@register("prior")
+def build_prior_ranker(artifacts, config: SeederConfig, model: str | None = None) -> PriorRanker:
+    return PriorRanker(build_khop(artifacts, config))

@@ -25,7 +25,7 @@ from seeder.retrieve.base import RetrievalResult
 
 METHOD_MODULES = [
     "seeder.retrieve.dense",  # dense
-    "seeder.retrieve.khop",  # khop
+    "seeder.retrieve.khop",  # khop, prior
     "seeder.evaluation.learned",  # seeder (the trained policy; needs --model)
     "seeder.retrieve.baselines.registration",  # the paper's baselines (G-Retriever, PPR, BM25, ...)
 ]

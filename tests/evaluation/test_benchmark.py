@@ -219,6 +219,7 @@ def test_mlflow_run_has_metrics_and_artifacts(cli_run):
 def test_method_lists_and_errors(tmp_path):
     everything = bm.resolve_methods("all", None)
     assert "seeder" not in everything and {"dense", "khop", "ppr"} <= set(everything)
+    assert "prior" not in everything and bm.resolve_methods("prior,khop", None) == ["prior", "khop"]  # named only
     assert everything[:2] == ["dense", "khop"]
     assert bm.resolve_methods("all", "some/model.pt")[-1] == "seeder"
     with pytest.raises(ConfigError, match="unknown"):

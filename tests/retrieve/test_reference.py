@@ -1,7 +1,8 @@
-"""The dense and K-HOP-W-FILTER reference retrievers: full, deterministic rankings."""
+"""The dense, K-HOP-W-FILTER and prior reference retrievers: full, deterministic rankings."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +12,7 @@ from seeder.config import ConfigError, SeederConfig
 from seeder.retrieve import registry
 from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.seeds import dense_seeds
+from seeder.system.io import DataError
 
 from .conftest import normalised
 
@@ -72,3 +74,31 @@ def test_registry_unknown_method(setup):
     assert {"dense", "khop"} <= set(registry.available())
     with pytest.raises(ConfigError, match="known: .*dense"):
         registry.build("nope", artifacts, config)
+
+
+def test_prior_ranks_the_subgraph_by_path_end_seeds_last_then_dense(setup):
+    artifacts, config, sg, qf, nf = setup
+    rng = np.random.default_rng(0)
+    # Path ends in a few distinct values, so that ties fall to the filter score.
+    learned = replace(sg, path_end=-rng.integers(0, 3, len(sg.nodes)).astype(np.float32))
+    res = registry.build("prior", artifacts, config).retrieve(learned, qf)
+    khop = registry.build("khop", artifacts, config).retrieve(learned, qf)
+    for q in range(5):
+        lo, hi = sg.node_ptr[q], sg.node_ptr[q + 1]
+        nodes, hop, score, end = learned.nodes[lo:hi], learned.hop[lo:hi], learned.score[lo:hi], learned.path_end[lo:hi]
+        ranked = res.ranking[q, : len(nodes)]
+        pos = {n: i for i, n in enumerate(nodes.tolist())}
+        at = np.array([pos[n] for n in ranked.tolist()])
+        assert (hop[at][: (hop > 0).sum()] > 0).all()  # every other node before the seeds
+        assert (np.diff(end[at][: (hop > 0).sum()]) <= 0).all()  # path end never rises among them
+        want = nodes[np.lexsort((nodes, -score, -end, hop == 0))]  # and within a path end, the filter score
+        assert res.ranking[q, : len(nodes)].tolist() == want.tolist()
+        assert set(res.ranking[q, : len(nodes)].tolist()) == set(khop.ranking[q, : len(nodes)].tolist())
+        assert res.ranking[q, len(nodes) :].tolist() == khop.ranking[q, len(nodes) :].tolist()  # the same dense rest
+    assert (res.set_size == khop.set_size).all()
+
+
+def test_prior_refuses_subgraphs_of_the_cosine_filter(setup):
+    artifacts, config, sg, qf, _ = setup
+    with pytest.raises(DataError, match="expand.relation_score=learned"):
+        registry.build("prior", artifacts, config).retrieve(replace(sg, path_end=np.zeros_like(sg.path_end)), qf)
