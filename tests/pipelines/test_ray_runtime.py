@@ -12,14 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pipelines.ray_runtime import CORE_PROCESSES
-from tests.conftest import ENV, free_port
-from tests.processes import stop_gracefully
+from tests.conftest import ENV
+from tests.processes import start_server, stop_gracefully, stop_session
 from tests.sockets import (
     assert_ray_listened_on_loopback_only,
     descendants,
@@ -117,27 +116,10 @@ def test_loopback_addresses():
 @needs_ss
 @linux_only
 def test_seeder_ui_listens_on_loopback_only(tmp_path):
-    port = free_port()
     env = dict(ENV, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     seeder = str(Path(sys.executable).parent / "seeder")
-    proc = subprocess.Popen(
-        [seeder, "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc, port = start_server(lambda port: [seeder, "ui", "--port", str(port)], tmp_path / "ui.log", cwd=tmp_path, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("seeder ui did not answer /health in 2 minutes")
         tree = descendants(proc.pid)
         mine = [sock for sock in listeners() if sock.pid in tree]
         assert port in {sock.port for sock in mine}
@@ -147,12 +129,7 @@ def test_seeder_ui_listens_on_loopback_only(tmp_path):
         ]
         assert not [c for c in commands if b"huey" in c], "seeder ui started MLflow's job runner"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the UI and its workers: their own session
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_session(proc)  # the UI and its workers: their own session
 
 
 @pytest.mark.slow

@@ -13,15 +13,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 from seeder.training.sweep import METRIC
-from tests.conftest import free_port
-from tests.processes import bench_kill
+from tests.processes import bench_kill, start_server, stop_session
 from tests.sockets import assert_ray_listened_on_loopback_only, linux_only, needs_ss, watch_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,77 +125,35 @@ class Server(NamedTuple):
     store: Path  # its sqlite file, which the tests read while a sweep writes to it
 
 
-def start_mlflow_server(root: Path) -> tuple[subprocess.Popen, str]:
-    """Start ``mlflow server`` on a free loopback port; return it and its URL once /health answers.
-
-    ``free_port`` closes the port before the server binds it, so another process may take it in between:
-    a server that dies saying the address is in use is started again on a new port."""
-    log = root / "server.log"
-    for _ in range(3):
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mlflow",
-                "server",
-                "--backend-store-uri",
-                f"sqlite:///{root / 'mlflow.db'}",
-                "--artifacts-destination",
-                str(root / "artifacts"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-            ],  # one process: under load, uvicorn's supervisor kills slow workers
-            cwd=root,
-            env=dict(ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # as `seeder ui`: no job-runner processes
-            stdout=open(log, "wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                if urllib.request.urlopen(f"{url}/health", timeout=2).status == 200 and not lost_port(log):
-                    return proc, url
-            except OSError:
-                if proc.poll() is not None or lost_port(log):  # died, or its web server could not bind
-                    break
-                time.sleep(1)
-        stop_server(proc)
-        if not lost_port(log):
-            break
-    pytest.fail(f"mlflow server did not answer /health: {log.read_text()[-2000:]}")
-
-
-def lost_port(log: Path) -> bool:
-    return "address already in use" in log.read_text(errors="replace").lower()
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and any worker it started: our own session
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on a free loopback port (sqlite store, served artifacts)."""
     root = tmp_path_factory.mktemp("mlflow-server")
-    proc, url = start_mlflow_server(root)
+    proc, port = start_server(
+        lambda port: [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],  # one process: under load, uvicorn's supervisor kills slow workers
+        root / "server.log",
+        cwd=root,
+        env=dict(ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),  # as `seeder ui`: no job-runner processes
+    )
     try:
-        yield Server(url, root / "mlflow.db")
+        yield Server(f"http://127.0.0.1:{port}", root / "mlflow.db")
     finally:
-        stop_server(proc)
+        stop_session(proc)
 
 
 def sweep(args: list[str], cwd: Path, env: dict, timeout: int = 400) -> subprocess.CompletedProcess:
