@@ -14,7 +14,11 @@ dataset's questions of another split, per hop:
 - ``masked-x``: the names replaced by ``X`` instead (the reading SR and most KBQA relation predictors use);
 - ``masked-raw``: ``masked`` without the PCA;
 - ``seed-removed``: the query features less their component along the first seed's features, a
-  masking that needs no second encoding.
+  masking that needs no second encoding;
+- ``finetuned``: the masked question read by the encoder itself, fine-tuned end to end with the prior's
+  per-hop head on the training questions (``--finetune-epochs`` epochs, a row per epoch), in the place of
+  the frozen embedding and the MLP: how much of the gap an encoder that learns which words name a
+  relation would close (SR, Zhang et al. 2022, fine-tunes its question encoder this way).
 
 With ``--vote``, each reading is reported twice, the second time with the training questions that are
 not generated voting for their paths (``prior.vote: labelled``, ``seeder.retrieve.vote``). With
@@ -25,6 +29,7 @@ Golden paths of the judged split are searched here (preprocessing searches only 
     python benchmarks/bench_prior_transfer.py --artifacts runs/metaqa/generated-artifacts --split val
     python benchmarks/bench_prior_transfer.py --artifacts A --readings text,masked --examples 10
     python benchmarks/bench_prior_transfer.py --artifacts runs/metaqa/mixed-artifacts --readings masked --vote
+    python benchmarks/bench_prior_transfer.py --artifacts runs/metaqa/generated-artifacts --readings masked,finetuned
 """
 
 from __future__ import annotations
@@ -39,14 +44,14 @@ import pyarrow as pa
 
 from seeder.config import SeederConfig, from_dict
 from seeder.data.store import open_dataset
-from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder
+from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder, minilm_path
 from seeder.preprocessing.stages import answer_csr, generated_mask, read_golden_paths, read_seed_table, train_query_ids
-from seeder.retrieve.paths import describe, golden_paths_batched
-from seeder.retrieve.prior import id_hash, path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.paths import describe, golden_paths_batched, path_length
+from seeder.retrieve.prior import all_paths, id_hash, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import ENTITY, mask_entities, masked_questions, seed_names
 
-READINGS = ("text", "masked", "masked-x", "masked-raw", "seed-removed")
+READINGS = ("text", "masked", "masked-x", "masked-raw", "seed-removed", "finetuned")
 
 
 def target_pairs(kg, cfg: SeederConfig, seeds: np.ndarray, queries: pa.Table) -> set[tuple[int, int]]:
@@ -60,6 +65,85 @@ def target_pairs(kg, cfg: SeederConfig, seeds: np.ndarray, queries: pa.Table) ->
         query, code, found["hits"][order], found["reached"][order], counts, cfg.prior.keep_ratio, 2 * kg.num_relations
     )
     return set(zip(query[kept].tolist(), code[kept].tolist()))
+
+
+def finetuned_top_paths(
+    encoder_path: Path,
+    train_texts: list[str],
+    train_profile: np.ndarray,
+    targets: np.ndarray,
+    question_weight: np.ndarray,
+    judged_texts: list[str],
+    judged_profile: np.ndarray,
+    vocab: np.ndarray,
+    epochs: int,
+    lr: float,
+    seed: int,
+):
+    """Yield, after each epoch, the top vocabulary path of every judged question under the encoder
+    fine-tuned with a ``prior.model: hops`` head (``targets`` [N, V]: each training question's target
+    weights, rows summing to 1). Same loss and profile mask as ``seeder.retrieve.prior``."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    torch.manual_seed(seed)
+    num_ids = train_profile.shape[1]
+    length = path_length(vocab, num_ids)
+    hops = int(length.max())
+    digits = np.zeros((len(vocab), hops), np.int64)  # relation at each hop (0 past the path's end)
+    rest = vocab.copy()
+    for h in range(hops - 1, -1, -1):
+        on = length > h
+        digits[on, h], rest[on] = rest[on] % num_ids, rest[on] // num_ids
+    digits, length_t, first = torch.from_numpy(digits), torch.from_numpy(length), torch.from_numpy(digits[:, 0].copy())
+    tokenizer, encoder = AutoTokenizer.from_pretrained(encoder_path), AutoModel.from_pretrained(encoder_path)
+    dim = encoder.config.hidden_size
+    head = torch.nn.Sequential(torch.nn.Linear(dim + num_ids, 256), torch.nn.GELU(), torch.nn.Linear(256, hops * (num_ids + 1)))
+
+    def log_probs(texts: list[str], profile: torch.Tensor) -> torch.Tensor:
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=64, return_tensors="pt")
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        pooled = (encoder(**batch).last_hidden_state * mask).sum(1) / mask.sum(1)
+        blocks = torch.log_softmax(head(torch.cat([torch.nn.functional.normalize(pooled, dim=1), profile], 1)), -1)
+        blocks = blocks.view(len(texts), hops, num_ids + 1)
+        # log p(r_1..r_l) = sum_h log p_h(r_h) + log p_{l+1}(stop), as RelationPathPrior._path_products.
+        out = torch.zeros(len(texts), len(vocab))
+        for h in range(hops):
+            on = length_t > h
+            out[:, on] += blocks[:, h, digits[on, h]]
+            if h + 1 < hops:
+                out[:, length_t == h + 1] += blocks[:, h + 1, num_ids, None]
+        out = out.masked_fill(profile[:, first] <= 0, -1e9)  # the seeds lack the first relation
+        return out - torch.logsumexp(out, 1, keepdim=True)
+
+    optimiser = torch.optim.AdamW(
+        [{"params": encoder.parameters(), "lr": lr}, {"params": head.parameters(), "lr": 2e-3}], weight_decay=1e-4
+    )
+    targets_t, weight_t = torch.from_numpy(targets), torch.from_numpy(question_weight.astype(np.float32))
+    train_profile_t, judged_profile_t = torch.from_numpy(train_profile), torch.from_numpy(judged_profile)
+    rng = np.random.default_rng(seed)
+    for epoch in range(epochs):
+        encoder.train()
+        order = rng.permutation(len(train_texts))
+        start = time.perf_counter()
+        for step, at in enumerate(range(0, len(order), 32)):
+            rows = order[at : at + 32]
+            lp = log_probs([train_texts[r] for r in rows], train_profile_t[rows])
+            loss = (-(targets_t[rows] * lp.clamp_min(-1e4)).sum(1) * weight_t[rows]).sum() / weight_t[rows].sum()
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            if step % 100 == 0:
+                done = (at + len(rows)) / len(order)
+                eta = (time.perf_counter() - start) * (1 - done) / done
+                print(f"  fine-tuning, epoch {epoch + 1}: {done:.0%}, loss {loss.item():.3f}, ETA {eta:.0f} s", flush=True)
+        encoder.eval()
+        with torch.no_grad():
+            tops = [
+                log_probs(judged_texts[at : at + 256], judged_profile_t[at : at + 256]).argmax(1).numpy()
+                for at in range(0, len(judged_texts), 256)
+            ]
+        yield epoch + 1, vocab[np.concatenate(tops)]
 
 
 def main() -> None:
@@ -81,6 +165,11 @@ def main() -> None:
         help="keep only this many of the labelled training questions (a hashed choice), to see fewer labels "
         "without preprocessing again; -1 keeps them all",
     )
+    parser.add_argument("--finetune-epochs", type=int, default=2, help="epochs of the finetuned reading")
+    parser.add_argument(
+        "--finetune-questions", type=int, default=0, help="fine-tune on this many training questions (a hashed choice); 0: all"
+    )
+    parser.add_argument("--finetune-lr", type=float, default=3e-5, help="the encoder's learning rate in the finetuned reading")
     args = parser.parse_args()
     readings = args.readings.split(",")
     if unknown := set(readings) - set(READINGS):
@@ -145,14 +234,16 @@ def main() -> None:
         if name == "masked" and stored.exists():  # the prior stage's own masked reading of every question
             stored_ids = np.load(artifacts / "prior" / "question_ids.npy")
             return np.load(stored, mmap_mode="r")[np.searchsorted(stored_ids, ids)]
+        encoder = encoder or load_encoder(cfg.embed)
+        embedded = l2_normalize(encoder.encode(masked_texts(name, ids)))
+        return embedded if name == "masked-raw" else apply_pca(embedded, pca)
+
+    def masked_texts(name: str, ids: np.ndarray) -> list[str]:
+        seeds = all_seeds[np.searchsorted(seed_ids, ids)]
         texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
         if name == "masked-x":
-            masked = [t.replace(ENTITY, "X") for t in mask_entities(texts, seed_names(kg.node_names, seeds))]
-        else:
-            masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
-        encoder = encoder or load_encoder(cfg.embed)
-        embedded = l2_normalize(encoder.encode(masked))
-        return embedded if name == "masked-raw" else apply_pca(embedded, pca)
+            return [t.replace(ENTITY, "X") for t in mask_entities(texts, seed_names(kg.node_names, seeds))]
+        return masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
 
     def profile(ids: np.ndarray) -> np.ndarray:
         return seed_relation_profile(kg.indptr, kg.edge_relations, all_seeds[np.searchsorted(seed_ids, ids)], num_ids)
@@ -168,8 +259,44 @@ def main() -> None:
             readings_of[name, split] = reading(name, ids)
         return readings_of[name, split]
 
+    def report(label: str, top: np.ndarray, start: float) -> np.ndarray:
+        hit = np.array([(row, int(c)) in targets for row, c in enumerate(top.tolist())])
+        per_hop = " / ".join(f"{hit[hops == h].mean():.3f}" for h in np.unique(hops))
+        print(f"| {label} | {per_hop} | {hit.mean():.3f} | {time.perf_counter() - start:.0f} |", flush=True)
+        return hit
+
     for name, labelled_weight in ((n, w) for n in readings for w in weights):
         start = time.perf_counter()
+        if name == "finetuned":
+            if cfg.prior.model != "hops" or cfg.embed.encoder != "minilm":
+                raise SystemExit("--readings finetuned: needs prior.model hops and the minilm encoder")
+            # Each training question's target weights over every path, as the prior's fit normalises them.
+            vocab = all_paths(num_ids, int(path_length(code[kept], num_ids).max()))
+            has_target = np.zeros(len(train_ids), bool)
+            has_target[train_rows] = True
+            fitted = np.flatnonzero(has_target)
+            if args.finetune_questions:
+                fitted = np.sort(fitted[np.argsort(id_hash(train_ids[fitted]), kind="stable")[: args.finetune_questions]])
+            target = np.zeros((len(fitted), len(vocab)), np.float32)
+            on = np.isin(train_rows, fitted)
+            np.add.at(target, (np.searchsorted(fitted, train_rows[on]), np.searchsorted(vocab, code[kept][on])), weight[on])
+            target /= target.sum(axis=1, keepdims=True)
+            epochs = finetuned_top_paths(
+                minilm_path(),
+                masked_texts(name, train_ids[fitted]),
+                profile(train_ids[fitted]),
+                target,
+                np.where(labelled_questions[fitted], labelled_weight, 1.0),
+                masked_texts(name, judged_ids),
+                profile(judged_ids),
+                vocab,
+                args.finetune_epochs,
+                args.finetune_lr,
+                cfg.prior.seed,
+            )
+            for epoch, top in epochs:
+                hit = report(f"{name}, epoch {epoch}, labelled weight {labelled_weight:g}", top, start)
+            continue
         train_reading = read(name, "train", train_ids)
         prior = train_prior(
             prior_inputs(train_reading, profile(train_ids)),
@@ -200,12 +327,10 @@ def main() -> None:
         for vote in votes:
             prior.vote = vote
             top = prior.vocab[prior.probs(judged_inputs).argmax(axis=1)]
-            hit = np.array([(row, int(c)) in targets for row, c in enumerate(top.tolist())])
-            per_hop = " / ".join(f"{hit[hops == h].mean():.3f}" for h in np.unique(hops))
             label = f"{name}, labelled weight {labelled_weight:g}" + (
                 "" if vote is None else f", {vote.size:,} labelled questions vote"
             )
-            print(f"| {label} | {per_hop} | {hit.mean():.3f} | {time.perf_counter() - start:.0f} |", flush=True)
+            hit = report(label, top, start)
 
     names, texts = kg.relation_names, judged.column("text").to_pylist()
     rng = np.random.default_rng(0)
