@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import ENV, free_port
 from tests.datasets import hand_built_artifacts, preprocess_by_hand
 from tests.pipelines.test_serve import ignore_sigint, post
+from tests.processes import stop_gracefully
 
 CLIENTS = 20
 
@@ -55,22 +56,30 @@ def _load(url: str, questions: list[str], stop: threading.Event, log: list) -> N
 @pytest.mark.slow
 def test_the_service_switches_to_an_updated_version_under_load_without_an_error(tmp_path):
     model, v1, v2, questions, (version1, version2) = _versions(tmp_path)
-    port, admin = free_port(), free_port()
     ready, log_file = tmp_path / "ready", tmp_path / "serve.log"
-    with open(log_file, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "seeder.cli", "serve", "--model", str(model), "--artifacts", str(v1), "--port", str(port),
-             "--admin-port", str(admin), "--ready-file", str(ready)],
-            env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=ignore_sigint,
-        )  # fmt: skip
-    try:
+    # ``free_port`` closes the port before the replica binds it seconds later, and another process (a Ray
+    # of a test beside this one) may take it in between: Ray Serve then finds "No available ports" for the
+    # replica and fails the deployment. It is started again on new ports then; any other failure fails the test.
+    for _ in range(3):
+        port, admin = free_port(), free_port()
+        with open(log_file, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "seeder.cli", "serve", "--model", str(model), "--artifacts", str(v1), "--port", str(port),
+                 "--admin-port", str(admin), "--ready-file", str(ready)],
+                env=dict(ENV, RAY_ADDRESS="", RAY_AUTH_MODE="disabled"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=ignore_sigint,
+            )  # fmt: skip
         deadline = time.monotonic() + 300
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, log_file.read_text()[-3000:]
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(1)
+        log = log_file.read_text(errors="replace")
+        if ready.exists() or not ("No available ports" in log or "Failed to update the deployments" in log):
+            break
+        stop_gracefully(proc)
+    try:
+        assert ready.exists() and proc.poll() is None, log_file.read_text()[-3000:]
         url, admin_url = f"http://127.0.0.1:{port}/", f"http://127.0.0.1:{admin}"
         status, versions = post(admin_url + "/versions", None, method="GET")
         assert status == 200 and [v[:2] for v in versions["replicas"].values()] == [[str(v1), version1]]
