@@ -46,7 +46,7 @@ from seeder.config import SeederConfig, from_dict
 from seeder.data.store import open_dataset
 from seeder.features.embed import PCA, apply_pca, l2_normalize, load_encoder, minilm_path
 from seeder.preprocessing.stages import answer_csr, generated_mask, read_golden_paths, read_seed_table, train_query_ids
-from seeder.retrieve.paths import describe, golden_paths_batched, path_length
+from seeder.retrieve.paths import describe, golden_paths_batched, path_digits, path_length
 from seeder.retrieve.prior import all_paths, id_hash, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import ENTITY, mask_entities, masked_questions, seed_names
@@ -88,14 +88,10 @@ def finetuned_top_paths(
 
     torch.manual_seed(seed)
     num_ids = train_profile.shape[1]
-    length = path_length(vocab, num_ids)
-    hops = int(length.max())
-    digits = np.zeros((len(vocab), hops), np.int64)  # relation at each hop (0 past the path's end)
-    rest = vocab.copy()
-    for h in range(hops - 1, -1, -1):
-        on = length > h
-        digits[on, h], rest[on] = rest[on] % num_ids, rest[on] // num_ids
-    digits, length_t, first = torch.from_numpy(digits), torch.from_numpy(length), torch.from_numpy(digits[:, 0].copy())
+    digits = path_digits(vocab, num_ids)  # relation at each hop, -1 past the path's end (never indexed)
+    hops = digits.shape[1]
+    length_t, first = torch.from_numpy(path_length(vocab, num_ids)), torch.from_numpy(digits[:, 0].copy())
+    digits = torch.from_numpy(digits)
     tokenizer, encoder = AutoTokenizer.from_pretrained(encoder_path), AutoModel.from_pretrained(encoder_path)
     dim = encoder.config.hidden_size
     head = torch.nn.Sequential(torch.nn.Linear(dim + num_ids, 256), torch.nn.GELU(), torch.nn.Linear(256, hops * (num_ids + 1)))

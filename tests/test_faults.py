@@ -101,6 +101,16 @@ def kill_and_rerun(first: list[str], again: list[str], run: Path, log: Path, del
     return landed
 
 
+def _warm_seconds(command: list[str], cwd: Path) -> float:
+    """Seconds of an uninterrupted run of ``command`` after a first one, over which a test spreads its
+    kills: the first run, whose start also warms the caches, could take longer than the killed runs, and
+    then most kills came after their end."""
+    start = time.perf_counter()
+    done = _run(command, cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return time.perf_counter() - start
+
+
 # -- import ----------------------------------------------------------------------------------------------
 
 
@@ -141,11 +151,7 @@ def test_a_killed_update_never_looks_complete_and_its_rerun_is_identical(inputs,
     assert done.returncode == 0, done.stderr[-2000:]
     reference = bench.snapshot(run, "import")
     shutil.rmtree(run / "dataset")
-    # The kills are spread over the time of a second uninterrupted run: the first one, whose start also
-    # warms the caches, could take longer than the killed runs, and then most kills came after their end.
-    start = time.perf_counter()
-    assert _run(first, run).returncode == 0
-    took = time.perf_counter() - start
+    took = _warm_seconds(first, run)
     shutil.rmtree(run / "dataset")
 
     rng = random.Random(SEED + 1)
@@ -226,9 +232,7 @@ def test_kills_at_random_points_of_an_update_preprocessing_resume_to_the_same_ar
     done = _run(update(run / "reference"), run)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     reference = {"files": bench.file_hashes(run / "reference"), "stages": bench.stage_records(run / "reference")}
-    start = time.perf_counter()  # a second, warm run's time, as for the update of the dataset above
-    assert _run(update(run / "timed"), run).returncode == 0
-    took = time.perf_counter() - start
+    took = _warm_seconds(update(run / "timed"), run)
     shutil.rmtree(run / "timed")
 
     rng = random.Random(SEED + 2)
@@ -273,9 +277,7 @@ def test_kills_at_random_points_of_a_switch_leave_both_versions_as_they_were(tmp
     done = _run(switch, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     reference = done.stdout
-    start = time.perf_counter()  # a second, warm run's time, as for the update of the dataset above
-    assert _run(switch, tmp_path).returncode == 0
-    took = time.perf_counter() - start
+    took = _warm_seconds(switch, tmp_path)
 
     rng = random.Random(SEED + 3)
     landed = 0

@@ -66,6 +66,19 @@ def decode(code: int, num_relation_ids: int) -> list[int]:
     return rels[::-1]
 
 
+def path_digits(codes: np.ndarray, num_relation_ids: int) -> np.ndarray:
+    """[n, longest] the relation id at each hop of each code (vectorised ``decode``), -1 past its end."""
+    codes = np.asarray(codes, dtype=np.int64)
+    length = path_length(codes, num_relation_ids)
+    digits = np.full((len(codes), int(length.max(initial=0))), -1, np.int64)
+    rest = codes.copy()
+    for h in range(digits.shape[1] - 1, -1, -1):
+        present = length > h
+        digits[present, h] = rest[present] % num_relation_ids
+        rest[present] //= num_relation_ids
+    return digits
+
+
 def path_length(codes: np.ndarray, num_relation_ids: int) -> np.ndarray:
     """Number of relations of each code (vectorised)."""
     codes = np.asarray(codes, dtype=np.int64)

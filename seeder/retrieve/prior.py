@@ -42,7 +42,7 @@ import numpy as np
 
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.data.subgraphs import sorted_lookup
-from seeder.retrieve.paths import ROOT, path_length, sampled_slices
+from seeder.retrieve.paths import ROOT, path_digits, path_length, sampled_slices
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import WORDING_VERSION, question_form
 from seeder.system.io import DataError
@@ -93,16 +93,10 @@ def path_targets(
 def _without_first_backtrack(code: np.ndarray, num_relation_ids: int) -> np.ndarray:
     """Each path code with its first "r then r inverse" pair of steps removed (unchanged if none)."""
     base, half = num_relation_ids, num_relation_ids // 2
-    length = path_length(code, base)
-    k = int(length.max(initial=0))
+    digits = path_digits(code, base)  # relation at hop 1..k, -1 beyond the path
+    k = digits.shape[1]
     if k < 2:
         return code.copy()
-    digits = np.full((len(code), k), -1, np.int64)  # relation at hop 1..k, -1 beyond the path
-    rest = code.copy()
-    for h in range(k - 1, -1, -1):
-        present = length > h
-        digits[present, h] = rest[present] % base
-        rest[present] //= base
     inverse = np.where(digits < half, digits + half, digits - half)
     back = (digits[:, 1:] >= 0) & (digits[:, 1:] == inverse[:, :-1])
     has_back = back.any(axis=1)

@@ -7,7 +7,16 @@ import pytest
 
 from seeder.config import ConfigError, PriorConfig
 from seeder.data.store import build_csr
-from seeder.retrieve.paths import ROOT, check_code_range, decode, describe, golden_paths, golden_paths_batched, path_length
+from seeder.retrieve.paths import (
+    ROOT,
+    check_code_range,
+    decode,
+    describe,
+    golden_paths,
+    golden_paths_batched,
+    path_digits,
+    path_length,
+)
 
 
 def _random_graph(rng, n=40, e=120, r=3):
@@ -90,6 +99,8 @@ def test_codes_decode_and_describe():
     names = ["directed_by", "written_by", "directed_by (inverse)", "written_by (inverse)"]
     code = ((ROOT * 4 + 0) * 4 + 2) * 4 + 1
     assert decode(code, 4) == [0, 2, 1]
+    short = ROOT * 4 + 3
+    assert path_digits(np.array([code, short]), 4).tolist() == [[0, 2, 1], [3, -1, -1]]
     assert describe(code, names) == "directed_by -> directed_by (inverse) -> written_by"
     assert describe(ROOT, names) == "(seed)"
     with pytest.raises(ConfigError, match="lower expand.hops"):
