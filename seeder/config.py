@@ -271,6 +271,12 @@ class PriorConfig(Section):
     from generated questions then reads real ones far better (``benchmarks/bench_prior_transfer.py``),
     for one more encoding of every question. ``auto`` (with no config file): ``masked`` when most
     training questions are generated, else ``text``."""
+    path_text: bool = True
+    """With ``question: masked``: also match the question against each vocabulary path written as a
+    question from the relation and type texts ("which person wrote the movie directed by the person
+    directed the movie"), by the encoder's cosine, with a weight chosen on the held-out training
+    questions (``seeder.retrieve.path_text``). It reads how many relations a question names, which the
+    per-hop softmaxes blur. Costs one encoding of every vocabulary path; skipped above ``PATH_TEXT_MAX`` paths."""
     vote: PriorVote = "off"
     """``labelled``: the training questions that are not generated (``seeder questions`` marks those) vote
     for their own target paths, each by how close its reading is to the new question's, and the prior's

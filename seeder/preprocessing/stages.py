@@ -39,15 +39,16 @@ import pyarrow.parquet as pq
 
 from seeder.config import ConfigError, SeederConfig, from_dict, to_dict
 from seeder.data.store import KnowledgeGraph, open_dataset
-from seeder.data.subgraphs import SubgraphSet
+from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.features import bfloat16
-from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, load_encoder, pca_sample_rows
+from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, l2_normalize, load_encoder, pca_sample_rows
 from seeder.preprocessing.artifacts import prior_question_rows, read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
 from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.metrics import ceiling_values, group_by, group_means
+from seeder.retrieve.path_text import PATH_TEXT_MAX, PathText, choose_weight, relation_tail_types, render_paths
 from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
-from seeder.retrieve.prior import RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.prior import RelationPathPrior, holdout_mask, path_targets, prior_inputs, seed_relation_profile, train_prior
 from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import WORDING_VERSION, masked_questions, question_form, seed_names
@@ -874,12 +875,13 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     )
     rows = np.searchsorted(query_ids, qid[kept])
     labelled = ~generated_mask(kg, query_ids)
+    inputs = prior_inputs(query_features, profile, wording)
     # A fixed thread count, so that the prior is the same bits on any node of any cluster: the job
     # driver of `ray job submit` runs with one thread, a local run with one per core, and two thread
     # counts split the products' sums differently.
     with intra_op_threads(PRIOR_THREADS):
         prior = train_prior(
-            prior_inputs(query_features, profile, wording),
+            inputs,
             rows,
             code[kept],
             weight,
@@ -891,6 +893,11 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             question_weight=np.where(labelled, config.prior.labelled_weight, 1.0),
         )
     prior.question = config.prior.question
+    if config.prior.question == "masked" and config.prior.path_text:
+        with intra_op_threads(PRIOR_THREADS):
+            prior.path_text = fit_path_text(kg, artifacts, prior, inputs, rows, code[kept], query_ids, config, echo)
+        if prior.path_text is not None:
+            prior.info["path_text_weight"] = prior.path_text.weight
     if config.prior.vote == "labelled":
         mine = labelled[rows]
         prior.vote = LabelledVote.build(
@@ -906,6 +913,51 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
         echo(f"prior: {prior.info['vote_questions']:,} labelled training questions vote for their paths")
     prior.save(out)
     return {**prior.info, "golden_rows": int(golden.num_rows), "target_rows": int(len(kept))}
+
+
+def fit_path_text(
+    kg: KnowledgeGraph,
+    artifacts: Path,
+    prior: RelationPathPrior,
+    inputs: np.ndarray,
+    rows: np.ndarray,
+    codes: np.ndarray,
+    query_ids: np.ndarray,
+    config: SeederConfig,
+    echo=print,
+) -> PathText | None:
+    """The prior's vocabulary written as questions and embedded (``seeder.retrieve.path_text``), with
+    the match weight under which the prior's top path is a target of the most held-out training
+    questions (the hashed slice its fit held out; ``rows`` and ``codes`` are the target rows)."""
+    if len(prior.vocab) > PATH_TEXT_MAX:
+        echo(f"prior: {len(prior.vocab):,} relation paths, more than {PATH_TEXT_MAX:,}: no path-text match")
+        return None
+    num_ids = 2 * kg.num_relations
+    node_types = kg.node_types.to_numpy(zero_copy_only=False)
+    tail_types = relation_tail_types(kg.neighbors, kg.edge_relations, node_types, num_ids)
+    texts = render_paths(prior.vocab, num_ids, kg.relation_texts, tail_types)
+    encoder = load_encoder(config.embed, device="cpu")
+    embedded = []
+    with Progress(len(texts), "prior: relation paths as questions", unit="paths") as progress:
+        for start in range(0, len(texts), MASKED_BLOCK):
+            embedded.append(l2_normalize(encoder.encode(texts[start : start + MASKED_BLOCK])))
+            progress.update(len(embedded[-1]))
+    pca_path = artifacts / "features" / "pca.npz"
+    text = PathText.build(np.concatenate(embedded), PCA.load(pca_path) if pca_path.exists() else None)
+    questions = np.unique(rows)
+    held = questions[holdout_mask(query_ids[questions], config.prior.holdout_fraction)]
+    if len(held) == 0:
+        echo("prior: no held-out training question to choose the path-text weight on: no path-text match")
+        return None
+    x = np.asarray(inputs[held], np.float32)
+    position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
+    known, slot = sorted_lookup(prior.vocab, codes)
+    mine = (held[position] == rows) & known
+    keys = np.unique(position[mine] * len(prior.vocab) + slot[mine])
+    text.weight, shares = choose_weight(prior.probs(x), text, x[:, : text.dim], keys)
+    table = ", ".join(f"{w:g}: {s:.3f}" for w, s in shares.items())
+    echo(f"prior: path-text weight {text.weight:g} (held-out top path a target by weight: {table})")
+    return text
 
 
 def generated_mask(kg: KnowledgeGraph, query_ids: np.ndarray) -> np.ndarray:

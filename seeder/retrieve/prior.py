@@ -17,8 +17,10 @@ idea in its smallest form:
   the hops depend on each other, but only for paths seen in training). Trained with the soft-target
   cross-entropy (a labelled question among generated ones counts ``prior.labelled_weight`` times); a
   hashed slice of the training questions is held out for early stopping. Paths whose first relation the
-  seeds lack get no mass. With ``prior.vote: labelled``, the labelled training questions near the new one
-  then vote for their own paths (``seeder.retrieve.vote``).
+  seeds lack get no mass. A masked prior's probabilities are then multiplied by how well the question
+  matches each path written as a question (``prior.path_text``, ``seeder.retrieve.path_text``), and with
+  ``prior.vote: labelled`` the labelled training questions near the new one vote for their own paths
+  (``seeder.retrieve.vote``).
 - **Use.** The vocabulary's paths and all their prefixes form a trie. For a question, the *path term*
   of trie node t is the log of the probability mass of the vocabulary paths that start with t plus the
   mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
@@ -42,6 +44,7 @@ import numpy as np
 
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.data.subgraphs import sorted_lookup
+from seeder.retrieve.path_text import PathText
 from seeder.retrieve.paths import ROOT, path_digits, path_length, sampled_slices
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import WORDING_VERSION, question_form
@@ -218,6 +221,7 @@ class RelationPathPrior:
     wording_dim: int = 0  # width of the question_form block of the inputs (0: the prior does not read it)
     question: str = "text"  # prior.question: "masked" when its query features embed the masked questions
     vote: LabelledVote | None = None  # prior.vote: labelled questions' votes, multiplied in by ``probs``
+    path_text: PathText | None = None  # prior.path_text: the paths written as questions, matched by ``probs``
 
     def inputs(
         self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
@@ -260,6 +264,9 @@ class RelationPathPrior:
         usable[~usable.any(axis=1)] = True
         e *= usable
         e /= e.sum(axis=1, keepdims=True)
+        if self.path_text is not None:
+            # The match reads the question features, the first block of the inputs, as the vote does.
+            e = self.path_text.reweigh(e, x[:, : self.path_text.dim])
         if self.vote is not None:
             # The vote reads the same question features as the MLP: the first block of the inputs.
             e = self.vote.reweigh(e, x[:, : self.vote.features.shape[1]])
@@ -313,6 +320,10 @@ class RelationPathPrior:
             self.vote.save(directory)
         else:
             (directory / "vote.npz").unlink(missing_ok=True)
+        if self.path_text is not None:
+            self.path_text.save(directory)
+        else:
+            (directory / "path_text.npz").unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -322,6 +333,7 @@ class RelationPathPrior:
                 arrays = {k: z[k] for k in ("w1", "b1", "w2", "b2", "vocab")}
             info = json.loads((directory / "prior.json").read_text())
             vote = LabelledVote.load(directory)
+            path_text = PathText.load(directory)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
@@ -340,6 +352,7 @@ class RelationPathPrior:
             wording_dim=int(info.pop("wording_dim", 0)),
             question=str(info.pop("question", "text")),
             vote=vote,
+            path_text=path_text,
             info=info,
         )
 

@@ -469,6 +469,13 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     out = full_run(parent, tmp_path / "a1", config)
     kg = open_dataset(parent)
     assert RelationPathPrior.load(out / "prior").question == "masked"
+    # It also wrote its vocabulary as questions (seeder.retrieve.path_text), with the weight it chose.
+    text = RelationPathPrior.load(out / "prior").path_text
+    assert text is not None and text.paths.shape == (
+        len(RelationPathPrior.load(out / "prior").vocab),
+        np.load(out / "prior" / "question.npy").shape[1],
+    )
+    assert json.loads((out / "prior" / "prior.json").read_text())["path_text_weight"] == text.weight
     ids, read = np.load(out / "prior" / "question_ids.npy"), np.load(out / "prior" / "question.npy")
     seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
     assert np.array_equal(ids, np.sort(kg.queries.column("id").to_numpy())) and np.array_equal(ids, seed_ids)
