@@ -140,6 +140,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
             {"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"], "hops": config.expand.hops, "search": search}
         )
         unused = ("vote", "vote_temperature", "vote_floor") if config.prior.vote == "off" else ()
+        unused += ("path_text",) if config.prior.question != "masked" else ()  # only a masked prior matches
         fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries", *unused)}
         fps["prior"] = fingerprint_json(
             {"stage": "prior", "v": PRIOR_VERSION, "wording": WORDING_VERSION, "paths": fps["paths"], "fit": fit}
@@ -927,8 +928,8 @@ def fit_path_text(
     echo=print,
 ) -> PathText | None:
     """The prior's vocabulary written as questions and embedded (``seeder.retrieve.path_text``), with
-    the match weight under which the prior's top path is a target of the most held-out training
-    questions (the hashed slice its fit held out; ``rows`` and ``codes`` are the target rows)."""
+    the match weight ``choose_weight`` picks on the held-out training questions (the hashed slice the
+    prior's fit held out; ``rows`` and ``codes`` are the target rows)."""
     if len(prior.vocab) > PATH_TEXT_MAX:
         echo(f"prior: {len(prior.vocab):,} relation paths, more than {PATH_TEXT_MAX:,}: no path-text match")
         return None

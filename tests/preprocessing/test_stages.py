@@ -196,3 +196,14 @@ def test_the_labelled_weight_is_part_of_the_prior_stage_fingerprint():
     assert plain["subgraphs"] != heavier["subgraphs"]  # the subgraphs follow the prior
     with pytest.raises(ConfigError, match="prior.labelled_weight must be positive"):
         check_config(load_config(None, ["prior.labelled_weight=0"]))
+
+
+def test_the_path_text_switch_changes_only_a_masked_priors_fingerprint():
+    from seeder.config import load_config
+    from seeder.preprocessing.stages import stage_fingerprints
+
+    learned = ["expand.relation_score=learned", "expand.hops=2", "prior.vote=off"]
+    for question, differs in (("masked", True), ("text", False)):
+        on = stage_fingerprints(load_config(None, [*learned, f"prior.question={question}"]), "d")
+        off = stage_fingerprints(load_config(None, [*learned, f"prior.question={question}", "prior.path_text=false"]), "d")
+        assert (on["prior"] != off["prior"]) is differs, question
