@@ -333,7 +333,7 @@ def main() -> None:
                 )
             )
         matches = [None]
-        if name == "masked" and stored_text is not None and len(stored_vocab) == len(prior.vocab):
+        if name == "masked" and stored_text is not None and np.array_equal(stored_vocab, prior.vocab):
             matches.append(stored_text)
         for text in matches:
             prior.path_text = text
