@@ -48,7 +48,14 @@ from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.metrics import ceiling_values, group_by, group_means
 from seeder.retrieve.path_text import PATH_TEXT_MAX, PathText, choose_weight, relation_tail_types, render_paths
 from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
-from seeder.retrieve.prior import RelationPathPrior, holdout_mask, path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.prior import (
+    RelationPathPrior,
+    held_out_questions,
+    path_targets,
+    prior_inputs,
+    seed_relation_profile,
+    train_prior,
+)
 from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
 from seeder.retrieve.vote import LabelledVote
 from seeder.retrieve.wording import WORDING_VERSION, masked_questions, question_form, seed_names
@@ -816,8 +823,27 @@ def read_golden_paths(directory: Path) -> pa.Table:
     return pq.read_table(files).cast(GOLDEN_SCHEMA).sort_by([("query_id", "ascending"), ("code", "ascending")])
 
 
-MASKED_BLOCK = 4096
-"""Questions encoded at a time by ``masked_question_features`` (one progress step each)."""
+ENCODE_BLOCK = 4096
+"""Texts the prior stage encodes at a time (one progress step each)."""
+
+
+def artifacts_pca(artifacts: Path) -> PCA | None:
+    """The features stage's PCA, or None where it kept the encoder's width (``reduce.dim=0``)."""
+    path = artifacts / "features" / "pca.npz"
+    return PCA.load(path) if path.exists() else None
+
+
+def encode_in_blocks(texts: list[str], config: SeederConfig, label: str, unit: str, transform) -> list[np.ndarray]:
+    """``transform`` of the dataset's encoder's embeddings of ``texts``, ``ENCODE_BLOCK`` at a time on the
+    CPU, one progress step a block (the transform keeps only what the caller needs of each block)."""
+    encoder = load_encoder(config.embed, device="cpu")
+    parts = []
+    with Progress(len(texts), label, unit=unit) as progress:
+        for start in range(0, len(texts), ENCODE_BLOCK):
+            block = texts[start : start + ENCODE_BLOCK]
+            parts.append(transform(encoder.encode(block)))
+            progress.update(len(block))
+    return parts
 
 
 def masked_question_features(
@@ -828,15 +854,8 @@ def masked_question_features(
     as the Retriever does for a new question."""
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
     masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
-    pca_path = artifacts / "features" / "pca.npz"
-    pca = PCA.load(pca_path) if pca_path.exists() else None
-    encoder = load_encoder(config.embed, device="cpu")
-    parts = []
-    with Progress(len(masked), "prior: masked questions", unit="questions") as progress:
-        for start in range(0, len(masked), MASKED_BLOCK):
-            block = masked[start : start + MASKED_BLOCK]
-            parts.append(apply_pca(encoder.encode(block), pca))
-            progress.update(len(block))
+    pca = artifacts_pca(artifacts)
+    parts = encode_in_blocks(masked, config, "prior: masked questions", "questions", lambda x: apply_pca(x, pca))
     return np.concatenate(parts) if parts else np.zeros((0, pca.dim if pca else 0), np.float32)
 
 
@@ -937,19 +956,10 @@ def fit_path_text(
     node_types = kg.node_types.to_numpy(zero_copy_only=False)
     tail_types = relation_tail_types(kg.neighbors, kg.edge_relations, node_types, num_ids)
     texts = render_paths(prior.vocab, num_ids, kg.relation_texts, tail_types)
-    encoder = load_encoder(config.embed, device="cpu")
-    embedded = []
-    with Progress(len(texts), "prior: relation paths as questions", unit="paths") as progress:
-        for start in range(0, len(texts), MASKED_BLOCK):
-            embedded.append(l2_normalize(encoder.encode(texts[start : start + MASKED_BLOCK])))
-            progress.update(len(embedded[-1]))
-    pca_path = artifacts / "features" / "pca.npz"
-    text = PathText.build(np.concatenate(embedded), PCA.load(pca_path) if pca_path.exists() else None)
+    embedded = encode_in_blocks(texts, config, "prior: relation paths as questions", "paths", l2_normalize)
+    text = PathText.build(np.concatenate(embedded), artifacts_pca(artifacts))
     questions = np.unique(rows)
-    held = questions[holdout_mask(query_ids[questions], config.prior.holdout_fraction)]
-    if len(held) == 0:
-        echo("prior: no held-out training question to choose the path-text weight on: no path-text match")
-        return None
+    held = questions[held_out_questions(query_ids[questions], config.prior.holdout_fraction)]
     x = np.asarray(inputs[held], np.float32)
     position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
     known, slot = sorted_lookup(prior.vocab, codes)

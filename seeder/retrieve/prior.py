@@ -409,6 +409,17 @@ def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
     return id_hash(query_ids) < np.uint64(int(fraction * 2**32))
 
 
+def held_out_questions(query_ids: np.ndarray, fraction: float) -> np.ndarray:
+    """[n] which of these training questions (those with a target path) the prior's fit holds out for
+    early stopping: the hashed share ``fraction`` (``holdout_mask``), or the first tenth where the hash
+    holds out none or all of them. The path-text weight is chosen on the same questions."""
+    held = holdout_mask(query_ids, fraction)
+    if held.all() or not held.any():
+        held = np.zeros(len(query_ids), bool)
+        held[: max(1, len(query_ids) // 10)] = True
+    return held
+
+
 def _fit_prior(
     inputs: np.ndarray,
     query: np.ndarray,
@@ -478,10 +489,7 @@ def _fit_prior(
         fit_targets /= fit_targets.sum(axis=1, keepdims=True)
         out_width = len(vocab)
     x = np.asarray(inputs[rows], dtype=np.float32)
-    held = holdout_mask(query_ids[rows], cfg.holdout_fraction)
-    if held.all() or not held.any():
-        held = np.zeros(len(rows), bool)
-        held[: max(1, len(rows) // 10)] = True
+    held = held_out_questions(query_ids[rows], cfg.holdout_fraction)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     d, hidden = x.shape[1], cfg.hidden_dim
