@@ -21,7 +21,8 @@ dataset's questions of another split, per hop:
   relation would close (SR, Zhang et al. 2022, fine-tunes its question encoder this way).
 
 The ``masked`` reading is also reported with the artifacts' own path-text match
-(``seeder.retrieve.path_text``, at the weight the prior stage chose), where their prior has one.
+(``seeder.retrieve.path_text``, at the weight the prior stage chose), where their prior has one, and then
+with the asked type too (``seeder.retrieve.answer_type``).
 With ``--vote``, each reading is reported twice, the second time with the training questions that are
 not generated voting for their paths (``prior.vote: labelled``, ``seeder.retrieve.vote``). With
 ``--labelled-weights 1,10``, each reading is refitted once per ``prior.labelled_weight``.
@@ -228,6 +229,7 @@ def main() -> None:
     encoder = None
     stored = RelationPathPrior.load(artifacts / "prior") if (artifacts / "prior" / "prior.json").exists() else None
     stored_text, stored_vocab = (stored.path_text, stored.vocab) if stored is not None else (None, np.zeros(0))
+    stored_types = stored.answer_types if stored is not None else None
 
     def reading(name: str, ids: np.ndarray) -> np.ndarray:
         nonlocal encoder
@@ -332,17 +334,19 @@ def main() -> None:
                     p.vote_floor,
                 )
             )
-        matches = [None]
-        if name == "masked" and stored_text is not None and np.array_equal(stored_vocab, prior.vocab):
-            matches.append(stored_text)
-        for text in matches:
-            prior.path_text = text
+        matches = [(None, None)]
+        if name == "masked" and np.array_equal(stored_vocab, prior.vocab):
+            matches += [(stored_text, None)] if stored_text is not None else []
+            matches += [(stored_text, stored_types)] if stored_types is not None else []
+        for text, types in matches:
+            prior.path_text, prior.answer_types = text, types
             for vote in votes:
                 prior.vote = vote
                 top = prior.vocab[prior.probs(judged_inputs).argmax(axis=1)]
                 label = (
                     f"{name}, labelled weight {labelled_weight:g}"
                     + ("" if text is None else f", path text weight {text.weight:g}")
+                    + ("" if types is None else ", asked type")
                     + ("" if vote is None else f", {vote.size:,} labelled questions vote")
                 )
                 hit = report(label, top, start)

@@ -277,6 +277,11 @@ class PriorConfig(Section):
     directed the movie"), by the encoder's cosine, with a weight chosen on the held-out training
     questions (``seeder.retrieve.path_text``). It reads how many relations a question names, which the
     per-hop softmaxes blur. Costs one encoding of every vocabulary path; skipped above ``PATH_TEXT_MAX`` paths."""
+    answer_type: bool = True
+    """With ``question: masked``: read the type of node each question asks for from its interrogative
+    ("who", "when", or the word after "what" / "which", matched to the graph's type names by the encoder)
+    and demote the paths that end at another type (``seeder.retrieve.answer_type``). The asked type is
+    also an input of the prior's MLP. Costs one encoding of each distinct asking word."""
     vote: PriorVote = "off"
     """``labelled``: the training questions that are not generated (``seeder questions`` marks those) vote
     for their own target paths, each by how close its reading is to the new question's, and the prior's

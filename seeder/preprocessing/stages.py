@@ -44,6 +44,7 @@ from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, l2_normalize, load_encoder, pca_sample_rows
 from seeder.preprocessing.artifacts import prior_question_rows, read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
+from seeder.retrieve.answer_type import AnswerTypes, asked_types, asked_words, one_hot, type_names
 from seeder.retrieve.khop import GraphIndex, expand_queries
 from seeder.retrieve.metrics import ceiling_values, group_by, group_means
 from seeder.retrieve.path_text import PATH_TEXT_MAX, PathText, choose_weight, relation_tail_types, render_paths
@@ -147,7 +148,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
             {"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"], "hops": config.expand.hops, "search": search}
         )
         unused = ("vote", "vote_temperature", "vote_floor") if config.prior.vote == "off" else ()
-        unused += ("path_text",) if config.prior.question != "masked" else ()  # only a masked prior matches
+        unused += ("path_text", "answer_type") if config.prior.question != "masked" else ()  # only a masked prior reads them
         fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries", *unused)}
         fps["prior"] = fingerprint_json(
             {"stage": "prior", "v": PRIOR_VERSION, "wording": WORDING_VERSION, "paths": fps["paths"], "fit": fit}
@@ -847,16 +848,40 @@ def encode_in_blocks(texts: list[str], config: SeederConfig, label: str, unit: s
 
 
 def masked_question_features(
-    kg: KnowledgeGraph, artifacts: Path, query_ids: np.ndarray, seeds: np.ndarray, config: SeederConfig
+    kg: KnowledgeGraph, artifacts: Path, query_ids: np.ndarray, seeds: np.ndarray, config: SeederConfig, echo=print
 ) -> np.ndarray:
-    """[Q, d] what a ``prior.question: masked`` prior reads: each question with its seeds' names masked
-    (``masked_questions``), embedded by the dataset's encoder and projected by the features stage's PCA,
-    as the Retriever does for a new question."""
+    """[Q, d (+ T)] what a ``prior.question: masked`` prior reads: each question with its seeds' names
+    masked (``masked_questions``), embedded by the dataset's encoder and projected by the features stage's
+    PCA, then with ``prior.answer_type`` the one-hot type it asks for among the graph's T node types
+    (``seeder.retrieve.answer_type``), as the Retriever does for a new question."""
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
     masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
     pca = artifacts_pca(artifacts)
     parts = encode_in_blocks(masked, config, "prior: masked questions", "questions", lambda x: apply_pca(x, pca))
-    return np.concatenate(parts) if parts else np.zeros((0, pca.dim if pca else 0), np.float32)
+    features = np.concatenate(parts) if parts else np.zeros((0, pca.dim if pca else 0), np.float32)
+    if not config.prior.answer_type:
+        return features
+    names = type_names(graph_tail_types(kg))
+
+    def encode(words: list[str]) -> np.ndarray:
+        return np.concatenate(encode_in_blocks(words, config, "prior: asking words", "words", l2_normalize))
+
+    words = asked_words(texts)
+    asked = asked_types(words, encode, names)
+    named = asked >= 0
+    heads, counts = np.unique(np.asarray(words, dtype=object)[named], return_counts=True)
+    type_of = dict(zip(np.asarray(words, dtype=object)[named], asked[named]))
+    common = ", ".join(f"{w}: {names[type_of[w]]}" for w in heads[np.argsort(-counts, kind="stable")][:8])
+    echo(
+        f"prior: {named.mean() if len(named) else 0:.2f} of the questions ask for a node type by their words ({common or 'none'})"
+    )
+    return np.concatenate([features, one_hot(asked, len(names))], axis=1)
+
+
+def graph_tail_types(kg: KnowledgeGraph) -> np.ndarray:
+    """[2R] the commonest type of the nodes each relation id leads to (``relation_tail_types``)."""
+    node_types = kg.node_types.to_numpy(zero_copy_only=False)
+    return relation_tail_types(kg.neighbors, kg.edge_relations, node_types, 2 * kg.num_relations)
 
 
 def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConfig, echo=print) -> dict[str, Any]:
@@ -870,7 +895,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     if config.prior.question == "masked":
         # A fixed thread count, as for the fit below: the same bits on any node.
         with intra_op_threads(PRIOR_THREADS):
-            every = masked_question_features(kg, artifacts, seed_qids, seeds, config)
+            every = masked_question_features(kg, artifacts, seed_qids, seeds, config, echo)
         np.save(out / "question.npy", every)
         np.save(out / "question_ids.npy", seed_qids)
         query_features = every[np.searchsorted(seed_qids, query_ids)]
@@ -913,6 +938,11 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             question_weight=np.where(labelled, config.prior.labelled_weight, 1.0),
         )
     prior.question = config.prior.question
+    question_dim = query_features.shape[1]
+    if config.prior.question == "masked" and config.prior.answer_type:
+        tails = graph_tail_types(kg)
+        question_dim -= len(type_names(tails))  # the one-hot asked type closes the masked reading
+        prior.answer_types = AnswerTypes.build(type_names(tails), tails, prior.vocab, 2 * kg.num_relations, question_dim)
     if config.prior.question == "masked" and config.prior.path_text:
         with intra_op_threads(PRIOR_THREADS):
             prior.path_text = fit_path_text(kg, artifacts, prior, inputs, rows, code[kept], query_ids, config, echo)
@@ -921,7 +951,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     if config.prior.vote == "labelled":
         mine = labelled[rows]
         prior.vote = LabelledVote.build(
-            query_features,
+            query_features[:, :question_dim],
             rows[mine],
             code[kept][mine],
             weight[mine],
@@ -953,9 +983,7 @@ def fit_path_text(
         echo(f"prior: {len(prior.vocab):,} relation paths, more than {PATH_TEXT_MAX:,}: no path-text match")
         return None
     num_ids = 2 * kg.num_relations
-    node_types = kg.node_types.to_numpy(zero_copy_only=False)
-    tail_types = relation_tail_types(kg.neighbors, kg.edge_relations, node_types, num_ids)
-    texts = render_paths(prior.vocab, num_ids, kg.relation_texts, tail_types)
+    texts = render_paths(prior.vocab, num_ids, kg.relation_texts, graph_tail_types(kg))
     embedded = encode_in_blocks(texts, config, "prior: relation paths as questions", "paths", l2_normalize)
     text = PathText.build(np.concatenate(embedded), artifacts_pca(artifacts))
     questions = np.unique(rows)

@@ -44,6 +44,7 @@ import numpy as np
 
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.data.subgraphs import sorted_lookup
+from seeder.retrieve.answer_type import AnswerTypes
 from seeder.retrieve.path_text import PathText
 from seeder.retrieve.paths import ROOT, path_digits, path_length, sampled_slices
 from seeder.retrieve.vote import LabelledVote
@@ -222,6 +223,7 @@ class RelationPathPrior:
     question: str = "text"  # prior.question: "masked" when its query features embed the masked questions
     vote: LabelledVote | None = None  # prior.vote: labelled questions' votes, multiplied in by ``probs``
     path_text: PathText | None = None  # prior.path_text: the paths written as questions, matched by ``probs``
+    answer_types: AnswerTypes | None = None  # prior.answer_type: paths ending at another type than asked lose mass
 
     def inputs(
         self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
@@ -270,6 +272,8 @@ class RelationPathPrior:
         if self.vote is not None:
             # The vote reads the same question features as the MLP: the first block of the inputs.
             e = self.vote.reweigh(e, x[:, : self.vote.features.shape[1]])
+        if self.answer_types is not None:
+            e = self.answer_types.reweigh(e, x)
         return e
 
     def _path_products(self, logits: np.ndarray) -> np.ndarray:
@@ -324,6 +328,10 @@ class RelationPathPrior:
             self.path_text.save(directory)
         else:
             (directory / "path_text.npz").unlink(missing_ok=True)
+        if self.answer_types is not None:
+            self.answer_types.save(directory)
+        else:
+            (directory / "answer_types.npz").unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -334,6 +342,7 @@ class RelationPathPrior:
             info = json.loads((directory / "prior.json").read_text())
             vote = LabelledVote.load(directory)
             path_text = PathText.load(directory)
+            answer_types = AnswerTypes.load(directory)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
@@ -353,6 +362,7 @@ class RelationPathPrior:
             question=str(info.pop("question", "text")),
             vote=vote,
             path_text=path_text,
+            answer_types=answer_types,
             info=info,
         )
 

@@ -36,6 +36,7 @@ from seeder.data.store import REMOVED_TYPE
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
+from seeder.retrieve.answer_type import asked_types, asked_words, one_hot
 from seeder.retrieve.base import RetrievalResult
 from seeder.retrieve.seeds import EntityLinker, seed_queries
 from seeder.retrieve.wording import masked_questions, seed_names
@@ -395,6 +396,10 @@ class Retriever:
             if self.prior.question == "masked":  # one more encoding: the question without its seeds' names
                 named = seed_names(self.artifacts.dataset.node_names, seeds), seed_names(self.artifacts.dataset.node_types, seeds)
                 prior_reads = self.encode(masked_questions(list(questions), *named))
+                if self.prior.answer_types is not None:  # the asked type's one-hot closes the reading
+                    types = self.prior.answer_types.names
+                    asked = asked_types(asked_words(list(questions)), self.encoder.encode, types)
+                    prior_reads = np.concatenate([prior_reads, one_hot(asked, len(types))], axis=1)
             terms = prior_path_terms(
                 self.artifacts.dataset, self.graph, self.prior, np.asarray(prior_reads, np.float32), seeds, list(questions)
             )

@@ -460,6 +460,7 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     the update asks for ``--refit-prior``, and a refit equals a full run."""
     from seeder.config import ConfigError
     from seeder.features.embed import apply_pca
+    from seeder.retrieve.answer_type import asked_types, asked_words, one_hot
     from seeder.retrieve.khop import expand_queries
     from seeder.retrieve.prior import RelationPathPrior
     from seeder.retrieve.wording import masked_questions, seed_names
@@ -470,21 +471,25 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     kg = open_dataset(parent)
     assert RelationPathPrior.load(out / "prior").question == "masked"
     # It also wrote its vocabulary as questions (seeder.retrieve.path_text), with the weight it chose.
-    text = RelationPathPrior.load(out / "prior").path_text
-    assert text is not None and text.paths.shape == (
-        len(RelationPathPrior.load(out / "prior").vocab),
-        np.load(out / "prior" / "question.npy").shape[1],
-    )
-    assert json.loads((out / "prior" / "prior.json").read_text())["path_text_weight"] == text.weight
+    # What it read of each question closes with the one-hot type the question asks for
+    # (seeder.retrieve.answer_type), after the masked question's features.
+    stored = RelationPathPrior.load(out / "prior")
+    text, asks = stored.path_text, stored.answer_types
     ids, read = np.load(out / "prior" / "question_ids.npy"), np.load(out / "prior" / "question.npy")
+    assert asks is not None and asks.offset == text.dim and read.shape[1] == text.dim + len(asks.names)
+    assert text.paths.shape[0] == len(asks.path_types) == len(stored.vocab)
+    assert json.loads((out / "prior" / "prior.json").read_text())["path_text_weight"] == text.weight
     seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
     assert np.array_equal(ids, np.sort(kg.queries.column("id").to_numpy())) and np.array_equal(ids, seed_ids)
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(ids))).to_pylist()
     types = seed_names(kg.node_types, seeds)
     masked = masked_questions(texts, seed_names(kg.node_names, seeds), types)
     assert sum(f"the {t[0]}" in m for m, t in zip(masked, types)) >= len(masked) // 2  # each seed named by its type
-    np.testing.assert_array_equal(read, apply_pca(load_encoder(config.embed).encode(masked), None))  # reduce.dim=0
-    assert not np.allclose(read, np.load(out / "features" / "query.npy"))
+    encoder = load_encoder(config.embed)
+    np.testing.assert_array_equal(read[:, : text.dim], apply_pca(encoder.encode(masked), None))  # reduce.dim=0
+    asked = asked_types(asked_words(texts), encoder.encode, asks.names)
+    np.testing.assert_array_equal(read[:, text.dim :], one_hot(asked, len(asks.names)))
+    assert not np.allclose(read[:, : text.dim], np.load(out / "features" / "query.npy"))
 
     prior = RelationPathPrior.load(out / "prior")
     with pytest.raises(ConfigError, match="masked"):
@@ -502,7 +507,8 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     from seeder.training.loop import build_state, export_best
 
     trained = dataclasses.replace(config, model=dataclasses.replace(config.model, hidden_dim=16, num_layers=1))
-    model = export_best(build_state(trained, read.shape[1], 1, artifacts_record(open_artifacts(out))), tmp_path / "model")
+    feature_dim = np.load(out / "features" / "query.npy").shape[1]
+    model = export_best(build_state(trained, feature_dim, 1, artifacts_record(open_artifacts(out))), tmp_path / "model")
     retriever = Retriever.load(model, artifacts=out)
     _, stored = retriever.rank_split("val")
     text_of = dict(zip(ids.tolist(), texts))
