@@ -230,6 +230,7 @@ def main() -> None:
     stored = RelationPathPrior.load(artifacts / "prior") if (artifacts / "prior" / "prior.json").exists() else None
     stored_text, stored_vocab = (stored.path_text, stored.vocab) if stored is not None else (None, np.zeros(0))
     stored_types = stored.answer_types if stored is not None else None
+    stored_mlp_width = stored.local_match.offset if stored is not None and stored.local_match is not None else None
 
     def reading(name: str, ids: np.ndarray) -> np.ndarray:
         nonlocal encoder
@@ -243,7 +244,8 @@ def main() -> None:
         stored = artifacts / "prior" / "question.npy"
         if name == "masked" and stored.exists():  # the prior stage's own masked reading of every question
             stored_ids = np.load(artifacts / "prior" / "question_ids.npy")
-            return np.load(stored, mmap_mode="r")[np.searchsorted(stored_ids, ids)]
+            rows = np.load(stored, mmap_mode="r")[np.searchsorted(stored_ids, ids)]
+            return rows[:, :stored_mlp_width]  # not the windows of a local match: the MLP does not read them
         encoder = encoder or load_encoder(cfg.embed)
         embedded = l2_normalize(encoder.encode(masked_texts(name, ids)))
         return embedded if name == "masked-raw" else apply_pca(embedded, pca)

@@ -282,6 +282,12 @@ class PriorConfig(Section):
     ("who", "when", or the word after "what" / "which", matched to the graph's type names by the encoder)
     and demote the paths that end at another type (``seeder.retrieve.answer_type``). The asked type is
     also an input of the prior's MLP. Costs one encoding of each distinct asking word."""
+    local_match: bool = True
+    """With ``question: masked``: also match the words either side of the question's seed against each
+    path's first relation, and those either side of its asking word against the path's last, each
+    relation written as a one-hop question ("which person directed the movie"), with two weights chosen
+    on the held-out training questions (``seeder.retrieve.local_match``). It reads which relation comes
+    first, which a sentence embedding blurs. Costs two short encodings per question."""
     vote: PriorVote = "off"
     """``labelled``: the training questions that are not generated (``seeder questions`` marks those) vote
     for their own target paths, each by how close its reading is to the new question's, and the prior's

@@ -44,14 +44,16 @@ from seeder.features import bfloat16
 from seeder.features.embed import PCA, apply_pca, check_encoder, embed_key, fit_pca, l2_normalize, load_encoder, pca_sample_rows
 from seeder.preprocessing.artifacts import prior_question_rows, read_seed_table
 from seeder.retrieve.ann import AnnIndex, check_ann_config, sample_recall
-from seeder.retrieve.answer_type import AnswerTypes, asked_types, asked_words, one_hot, type_names
+from seeder.retrieve.answer_type import AnswerTypes, asked_words, type_names
 from seeder.retrieve.khop import GraphIndex, expand_queries
+from seeder.retrieve.local_match import LocalMatch, choose_weights
 from seeder.retrieve.metrics import ceiling_values, group_by, group_means
 from seeder.retrieve.path_text import PATH_TEXT_MAX, PathText, choose_weight, relation_tail_types, render_paths
-from seeder.retrieve.paths import GOLDEN_SCHEMA, describe, golden_paths_batched
+from seeder.retrieve.paths import GOLDEN_SCHEMA, ROOT, describe, golden_paths_batched
 from seeder.retrieve.prior import (
     RelationPathPrior,
     held_out_questions,
+    masked_reading,
     path_targets,
     prior_inputs,
     seed_relation_profile,
@@ -59,7 +61,7 @@ from seeder.retrieve.prior import (
 )
 from seeder.retrieve.seeds import dense_search, resolve_search, seed_queries
 from seeder.retrieve.vote import LabelledVote
-from seeder.retrieve.wording import WORDING_VERSION, masked_questions, question_form, seed_names
+from seeder.retrieve.wording import WORDING_VERSION, question_form, seed_names
 from seeder.system import storage
 from seeder.system.io import (
     DataError,
@@ -148,7 +150,7 @@ def stage_fingerprints(config: SeederConfig, dataset_fingerprint: str, num_nodes
             {"stage": "paths", "v": STAGE_VERSION, "seeds": fps["seeds"], "hops": config.expand.hops, "search": search}
         )
         unused = ("vote", "vote_temperature", "vote_floor") if config.prior.vote == "off" else ()
-        unused += ("path_text", "answer_type") if config.prior.question != "masked" else ()  # only a masked prior reads them
+        unused += ("path_text", "answer_type", "local_match") if config.prior.question != "masked" else ()  # masked only
         fit = {k: v for k, v in prior.items() if k not in ("neighbor_cap", "path_cap", "batch_queries", *unused)}
         fps["prior"] = fingerprint_json(
             {"stage": "prior", "v": PRIOR_VERSION, "wording": WORDING_VERSION, "paths": fps["paths"], "fit": fit}
@@ -850,32 +852,34 @@ def encode_in_blocks(texts: list[str], config: SeederConfig, label: str, unit: s
 def masked_question_features(
     kg: KnowledgeGraph, artifacts: Path, query_ids: np.ndarray, seeds: np.ndarray, config: SeederConfig, echo=print
 ) -> np.ndarray:
-    """[Q, d (+ T)] what a ``prior.question: masked`` prior reads: each question with its seeds' names
-    masked (``masked_questions``), embedded by the dataset's encoder and projected by the features stage's
-    PCA, then with ``prior.answer_type`` the one-hot type it asks for among the graph's T node types
-    (``seeder.retrieve.answer_type``), as the Retriever does for a new question."""
+    """[Q, d (+ T) (+ 2d)] what a ``prior.question: masked`` prior reads of these questions
+    (``prior.masked_reading``): the masked question embedded by the dataset's encoder and projected by the
+    features stage's PCA, with ``prior.answer_type`` the one-hot type it asks for among the graph's T node
+    types, with ``prior.local_match`` its seed and asking windows, as the Retriever reads a new question."""
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
-    masked = masked_questions(texts, seed_names(kg.node_names, seeds), seed_names(kg.node_types, seeds))
     pca = artifacts_pca(artifacts)
-    parts = encode_in_blocks(masked, config, "prior: masked questions", "questions", lambda x: apply_pca(x, pca))
-    features = np.concatenate(parts) if parts else np.zeros((0, pca.dim if pca else 0), np.float32)
-    if not config.prior.answer_type:
-        return features
-    names = type_names(graph_tail_types(kg))
+    names = type_names(graph_tail_types(kg)) if config.prior.answer_type else None
 
-    def encode(words: list[str]) -> np.ndarray:
-        return np.concatenate(encode_in_blocks(words, config, "prior: asking words", "words", l2_normalize))
+    def encode(label: str, transform):
+        return lambda t: np.concatenate(encode_in_blocks(t, config, f"prior: {label}", "texts", transform))
 
-    words = asked_words(texts)
-    asked = asked_types(words, encode, names)
-    named = asked >= 0
-    heads, counts = np.unique(np.asarray(words, dtype=object)[named], return_counts=True)
-    type_of = dict(zip(np.asarray(words, dtype=object)[named], asked[named]))
-    common = ", ".join(f"{w}: {names[type_of[w]]}" for w in heads[np.argsort(-counts, kind="stable")][:8])
-    echo(
-        f"prior: {named.mean() if len(named) else 0:.2f} of the questions ask for a node type by their words ({common or 'none'})"
+    reading, asked = masked_reading(
+        texts,
+        seed_names(kg.node_names, seeds),
+        seed_names(kg.node_types, seeds),
+        encode("masked questions and their windows", lambda x: apply_pca(x, pca)),
+        encode("asking words", l2_normalize),
+        names,
+        config.prior.local_match,
     )
-    return np.concatenate([features, one_hot(asked, len(names))], axis=1)
+    if names is not None:
+        named, words = asked >= 0, np.asarray(asked_words(texts), dtype=object)
+        heads, counts = np.unique(words[named], return_counts=True)
+        type_of = dict(zip(words[named], asked[named]))
+        common = ", ".join(f"{w}: {names[type_of[w]]}" for w in heads[np.argsort(-counts, kind="stable")][:8])
+        share = named.mean() if len(named) else 0.0
+        echo(f"prior: {share:.2f} of the questions ask for a node type by their words ({common or 'none'})")
+    return reading
 
 
 def graph_tail_types(kg: KnowledgeGraph) -> np.ndarray:
@@ -920,7 +924,13 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     )
     rows = np.searchsorted(query_ids, qid[kept])
     labelled = ~generated_mask(kg, query_ids)
-    inputs = prior_inputs(query_features, profile, wording)
+    # A masked reading is [question d | asked type T | seed and asking windows 2d]; the MLP reads the first two.
+    masked = config.prior.question == "masked"
+    question_dim = np.load(artifacts / "features" / "query.npy", mmap_mode="r").shape[1]  # d, PCA'd or not
+    tails = graph_tail_types(kg)
+    asked_width = len(type_names(tails)) if masked and config.prior.answer_type else 0
+    read_width = question_dim + asked_width
+    inputs = prior_inputs(query_features[:, :read_width], profile, wording)
     # A fixed thread count, so that the prior is the same bits on any node of any cluster: the job
     # driver of `ray job submit` runs with one thread, a local run with one per core, and two thread
     # counts split the products' sums differently.
@@ -938,16 +948,20 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             question_weight=np.where(labelled, config.prior.labelled_weight, 1.0),
         )
     prior.question = config.prior.question
-    question_dim = query_features.shape[1]
-    if config.prior.question == "masked" and config.prior.answer_type:
-        tails = graph_tail_types(kg)
-        question_dim -= len(type_names(tails))  # the one-hot asked type closes the masked reading
+    if asked_width:
         prior.answer_types = AnswerTypes.build(type_names(tails), tails, prior.vocab, 2 * kg.num_relations, question_dim)
-    if config.prior.question == "masked" and config.prior.path_text:
+    if masked and config.prior.path_text:
         with intra_op_threads(PRIOR_THREADS):
             prior.path_text = fit_path_text(kg, artifacts, prior, inputs, rows, code[kept], query_ids, config, echo)
         if prior.path_text is not None:
             prior.info["path_text_weight"] = prior.path_text.weight
+    if masked and config.prior.local_match:
+        with intra_op_threads(PRIOR_THREADS):
+            whole = prior_inputs(query_features, profile, wording)
+            prior.local_match = fit_local_match(
+                kg, artifacts, prior, whole, rows, code[kept], query_ids, config, read_width, echo
+            )
+        prior.info["local_match_weights"] = [prior.local_match.seed_weight, prior.local_match.ask_weight]
     if config.prior.vote == "labelled":
         mine = labelled[rows]
         prior.vote = LabelledVote.build(
@@ -986,17 +1000,58 @@ def fit_path_text(
     texts = render_paths(prior.vocab, num_ids, kg.relation_texts, graph_tail_types(kg))
     embedded = encode_in_blocks(texts, config, "prior: relation paths as questions", "paths", l2_normalize)
     text = PathText.build(np.concatenate(embedded), artifacts_pca(artifacts))
-    questions = np.unique(rows)
-    held = questions[held_out_questions(query_ids[questions], config.prior.holdout_fraction)]
-    x = np.asarray(inputs[held], np.float32)
-    position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
-    known, slot = sorted_lookup(prior.vocab, codes)
-    mine = (held[position] == rows) & known
-    keys = np.unique(position[mine] * len(prior.vocab) + slot[mine])
+    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, config)
     text.weight, shares = choose_weight(prior.probs(x), text, x[:, : text.dim], keys)
     table = ", ".join(f"{w:g}: {s:.3f}" for w, s in shares.items())
     echo(f"prior: path-text weight {text.weight:g} (held-out top path a target by weight: {table})")
     return text
+
+
+def held_out_targets(
+    prior: RelationPathPrior, inputs: np.ndarray, rows: np.ndarray, codes: np.ndarray, query_ids: np.ndarray, config: SeederConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """The inputs of the training questions the prior's fit held out (``held_out_questions``) and the
+    sorted ``row * V + slot`` of their target paths: what the match weights are chosen on."""
+    questions = np.unique(rows)
+    held = questions[held_out_questions(query_ids[questions], config.prior.holdout_fraction)]
+    position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
+    known, slot = sorted_lookup(prior.vocab, codes)
+    mine = (held[position] == rows) & known
+    return np.asarray(inputs[held], np.float32), np.unique(position[mine] * len(prior.vocab) + slot[mine])
+
+
+def fit_local_match(
+    kg: KnowledgeGraph,
+    artifacts: Path,
+    prior: RelationPathPrior,
+    inputs: np.ndarray,
+    rows: np.ndarray,
+    codes: np.ndarray,
+    query_ids: np.ndarray,
+    config: SeederConfig,
+    offset: int,
+    echo=print,
+) -> LocalMatch:
+    """Each relation id written as a one-hop question and embedded like the questions
+    (``seeder.retrieve.local_match``), with the window weights ``choose_weights`` picks on the held-out
+    training questions; ``inputs`` hold the windows from column ``offset``."""
+    num_ids = 2 * kg.num_relations
+    texts = render_paths(ROOT * num_ids + np.arange(num_ids), num_ids, kg.relation_texts, graph_tail_types(kg))
+    pca = artifacts_pca(artifacts)
+    relations = np.concatenate(
+        encode_in_blocks(texts, config, "prior: relations as questions", "relations", lambda x: apply_pca(x, pca))
+    )
+    match = LocalMatch.build(relations, prior.vocab, num_ids, offset)
+    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, config)
+    prior.local_match = match  # at weights 0: the MLP skips the windows, nothing is reweighed yet
+    (match.seed_weight, match.ask_weight), shares = choose_weights(prior.probs(x), match, x, keys)
+    best = sorted(shares.items(), key=lambda kv: -kv[1])[:4]
+    table = ", ".join(f"{a:g}/{b:g}: {s:.3f}" for (a, b), s in best)
+    echo(
+        f"prior: seed/asking window weights {match.seed_weight:g}/{match.ask_weight:g} "
+        f"(held-out top path a target, best pairs: {table}; 0/0: {shares[(0.0, 0.0)]:.3f})"
+    )
+    return match
 
 
 def generated_mask(kg: KnowledgeGraph, query_ids: np.ndarray) -> np.ndarray:

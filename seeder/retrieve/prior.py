@@ -44,11 +44,12 @@ import numpy as np
 
 from seeder.config import ConfigError, PriorConfig, PriorModel, choices
 from seeder.data.subgraphs import sorted_lookup
-from seeder.retrieve.answer_type import AnswerTypes
+from seeder.retrieve.answer_type import AnswerTypes, asked_types, asked_words, one_hot
+from seeder.retrieve.local_match import LocalMatch, question_windows
 from seeder.retrieve.path_text import PathText
 from seeder.retrieve.paths import ROOT, path_digits, path_length, sampled_slices
 from seeder.retrieve.vote import LabelledVote
-from seeder.retrieve.wording import WORDING_VERSION, question_form
+from seeder.retrieve.wording import WORDING_VERSION, masked_questions, question_form
 from seeder.system.io import DataError
 
 
@@ -139,6 +140,37 @@ def prior_inputs(query_features: np.ndarray, profile: np.ndarray, wording: np.nd
     return np.concatenate([*parts, profile.astype(np.float32)], axis=1)
 
 
+def masked_reading(
+    texts: list[str],
+    names: list[list[str]],
+    types: list[list[str]],
+    encode,
+    encode_raw,
+    type_names: list[str] | None,
+    windows: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What a ``prior.question: masked`` prior reads of each question, [Q, d (+ T) (+ 2d)]: the masked
+    question's features (``encode``: texts -> the question features, PCA'd), then the one-hot type it
+    asks for among ``type_names`` (``answer_type``; ``encode_raw``: texts -> the encoder's own
+    embeddings), then its seed and asking windows' features (``local_match``, zeros for an empty
+    window). Also the [Q] asked types (all -1 without ``type_names``). The preprocessing stage and the
+    Retriever both read questions through here."""
+    blocks = [np.asarray(encode(masked_questions(texts, names, types)), np.float32)]
+    asked = np.full(len(texts), -1, np.int64)
+    if type_names is not None:
+        asked = asked_types(asked_words(texts), encode_raw, type_names)
+        blocks.append(one_hot(asked, len(type_names)))
+    if windows:
+        for window in question_windows(texts, names, types):
+            window = np.asarray(window, dtype=object)
+            features = np.zeros_like(blocks[0])
+            filled = np.flatnonzero(window != "")
+            if len(filled):
+                features[filled] = encode(window[filled].tolist())
+            blocks.append(features)
+    return np.concatenate(blocks, axis=1), asked
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
     # The tanh form, the same as torch's approximate="tanh" used in training.
     return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x**3)))
@@ -224,6 +256,7 @@ class RelationPathPrior:
     vote: LabelledVote | None = None  # prior.vote: labelled questions' votes, multiplied in by ``probs``
     path_text: PathText | None = None  # prior.path_text: the paths written as questions, matched by ``probs``
     answer_types: AnswerTypes | None = None  # prior.answer_type: paths ending at another type than asked lose mass
+    local_match: LocalMatch | None = None  # prior.local_match: seed and asking windows against first and last relations
 
     def inputs(
         self, query_features: np.ndarray, profile: np.ndarray, texts: list[str] | None, seed_names: list[list[str]] | None
@@ -255,7 +288,8 @@ class RelationPathPrior:
         """[Q, V] path probabilities from ``prior_inputs`` rows. Paths whose first relation is absent
         from the seeds' profile cannot be followed and get no mass (unless no path can)."""
         x = np.asarray(inputs, dtype=np.float32)
-        logits = _gelu(x @ self.w1 + self.b1) @ self.w2 + self.b2
+        read = x if self.local_match is None else np.delete(x, self.local_match.columns, axis=1)  # not the MLP's
+        logits = _gelu(read @ self.w1 + self.b1) @ self.w2 + self.b2
         if self.model == "hops":
             e = self._path_products(logits)
         else:
@@ -274,6 +308,8 @@ class RelationPathPrior:
             e = self.vote.reweigh(e, x[:, : self.vote.features.shape[1]])
         if self.answer_types is not None:
             e = self.answer_types.reweigh(e, x)
+        if self.local_match is not None:
+            e = self.local_match.reweigh(e, x)
         return e
 
     def _path_products(self, logits: np.ndarray) -> np.ndarray:
@@ -332,6 +368,10 @@ class RelationPathPrior:
             self.answer_types.save(directory)
         else:
             (directory / "answer_types.npz").unlink(missing_ok=True)
+        if self.local_match is not None:
+            self.local_match.save(directory)
+        else:
+            (directory / "local_match.npz").unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -343,6 +383,7 @@ class RelationPathPrior:
             vote = LabelledVote.load(directory)
             path_text = PathText.load(directory)
             answer_types = AnswerTypes.load(directory)
+            local_match = LocalMatch.load(directory)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
@@ -363,6 +404,7 @@ class RelationPathPrior:
             vote=vote,
             path_text=path_text,
             answer_types=answer_types,
+            local_match=local_match,
             info=info,
         )
 

@@ -36,10 +36,10 @@ from seeder.data.store import REMOVED_TYPE
 from seeder.data.subgraphs import SubgraphSet, sorted_lookup
 from seeder.features.embed import PCA, apply_pca, is_gpu, load_encoder, runs_plain_torch
 from seeder.preprocessing.artifacts import FingerprintMismatch, open_artifacts, warn_mismatch
-from seeder.retrieve.answer_type import asked_types, asked_words, one_hot
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.prior import masked_reading
 from seeder.retrieve.seeds import EntityLinker, seed_queries
-from seeder.retrieve.wording import masked_questions, seed_names
+from seeder.retrieve.wording import seed_names
 from seeder.serving.explain import PriorTerms, expansion_paths
 from seeder.system.io import DataError
 from seeder.system.threads import intra_op_threads
@@ -393,13 +393,16 @@ class Retriever:
         terms = None
         if self.prior is not None:
             prior_reads = query_features
-            if self.prior.question == "masked":  # one more encoding: the question without its seeds' names
-                named = seed_names(self.artifacts.dataset.node_names, seeds), seed_names(self.artifacts.dataset.node_types, seeds)
-                prior_reads = self.encode(masked_questions(list(questions), *named))
-                if self.prior.answer_types is not None:  # the asked type's one-hot closes the reading
-                    types = self.prior.answer_types.names
-                    asked = asked_types(asked_words(list(questions)), self.encoder.encode, types)
-                    prior_reads = np.concatenate([prior_reads, one_hot(asked, len(types))], axis=1)
+            if self.prior.question == "masked":  # more encodings: the question without its seeds' names, ...
+                prior_reads, _ = masked_reading(
+                    list(questions),
+                    seed_names(self.artifacts.dataset.node_names, seeds),
+                    seed_names(self.artifacts.dataset.node_types, seeds),
+                    self.encode,
+                    self.encoder.encode,
+                    None if self.prior.answer_types is None else self.prior.answer_types.names,
+                    self.prior.local_match is not None,
+                )
             terms = prior_path_terms(
                 self.artifacts.dataset, self.graph, self.prior, np.asarray(prior_reads, np.float32), seeds, list(questions)
             )

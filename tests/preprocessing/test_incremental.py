@@ -462,6 +462,7 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     from seeder.features.embed import apply_pca
     from seeder.retrieve.answer_type import asked_types, asked_words, one_hot
     from seeder.retrieve.khop import expand_queries
+    from seeder.retrieve.local_match import question_windows
     from seeder.retrieve.prior import RelationPathPrior
     from seeder.retrieve.wording import masked_questions, seed_names
 
@@ -476,7 +477,9 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     stored = RelationPathPrior.load(out / "prior")
     text, asks = stored.path_text, stored.answer_types
     ids, read = np.load(out / "prior" / "question_ids.npy"), np.load(out / "prior" / "question.npy")
-    assert asks is not None and asks.offset == text.dim and read.shape[1] == text.dim + len(asks.names)
+    windows = stored.local_match  # then the seed and asking windows (seeder.retrieve.local_match)
+    assert asks is not None and asks.offset == text.dim and windows.offset == text.dim + len(asks.names)
+    assert read.shape[1] == windows.offset + 2 * text.dim
     assert text.paths.shape[0] == len(asks.path_types) == len(stored.vocab)
     assert json.loads((out / "prior" / "prior.json").read_text())["path_text_weight"] == text.weight
     seed_ids, seeds, _ = read_seed_table(out / "seeds" / "seeds.parquet")
@@ -488,7 +491,14 @@ def test_a_prior_that_reads_masked_questions_keeps_what_it_read_and_an_update_th
     encoder = load_encoder(config.embed)
     np.testing.assert_array_equal(read[:, : text.dim], apply_pca(encoder.encode(masked), None))  # reduce.dim=0
     asked = asked_types(asked_words(texts), encoder.encode, asks.names)
-    np.testing.assert_array_equal(read[:, text.dim :], one_hot(asked, len(asks.names)))
+    np.testing.assert_array_equal(read[:, text.dim : windows.offset], one_hot(asked, len(asks.names)))
+    seed_side, asking = question_windows(texts, seed_names(kg.node_names, seeds), types)
+    for window, block in zip(
+        (seed_side, asking), (read[:, windows.columns][:, : text.dim], read[:, windows.columns][:, text.dim :])
+    ):
+        filled = np.flatnonzero(np.asarray(window, dtype=object) != "")
+        assert len(filled) > len(window) // 2 and not block[np.setdiff1d(np.arange(len(window)), filled)].any()
+        np.testing.assert_allclose(block[filled], encoder.encode([window[i] for i in filled]), atol=1e-5)
     assert not np.allclose(read[:, : text.dim], np.load(out / "features" / "query.npy"))
 
     prior = RelationPathPrior.load(out / "prior")
