@@ -20,7 +20,9 @@ idea in its smallest form:
   seeds lack get no mass. A masked prior's probabilities are then multiplied by how well the question
   matches each path written as a question (``prior.path_text``, ``seeder.retrieve.path_text``), and with
   ``prior.vote: labelled`` the labelled training questions near the new one vote for their own paths
-  (``seeder.retrieve.vote``).
+  (``seeder.retrieve.vote``). A masked prior also reads the node type the question asks for (an input
+  of the MLP, and paths ending elsewhere are demoted: ``seeder.retrieve.answer_type``) and which
+  relation it names first and last (``seeder.retrieve.local_match``); ``masked_reading`` is its reading.
 - **Use.** The vocabulary's paths and all their prefixes form a trie. For a question, the *path term*
   of trie node t is the log of the probability mass of the vocabulary paths that start with t plus the
   mass of the path that ends at t. In K-HOP-WITH-FILTERING (``expand.relation_score: learned``) a candidate reached
@@ -39,6 +41,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -144,8 +147,8 @@ def masked_reading(
     texts: list[str],
     names: list[list[str]],
     types: list[list[str]],
-    encode,
-    encode_raw,
+    encode: Callable[[list[str]], np.ndarray],
+    encode_raw: Callable[[list[str]], np.ndarray],
     type_names: list[str] | None,
     windows: bool,
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -393,7 +393,7 @@ class Retriever:
         terms = None
         if self.prior is not None:
             prior_reads = query_features
-            if self.prior.question == "masked":  # more encodings: the question without its seeds' names, ...
+            if self.prior.question == "masked":  # more encodings: the masked question, its asking word and windows
                 prior_reads, _ = masked_reading(
                     list(questions),
                     seed_names(self.artifacts.dataset.node_names, seeds),
