@@ -57,6 +57,14 @@ def check_code_range(num_relation_ids: int, length: int) -> None:
         )
 
 
+def encode(relations: list[int], num_relation_ids: int) -> int:
+    """The path code of these relation ids, first hop first (``decode``'s inverse)."""
+    code = ROOT
+    for r in relations:
+        code = code * num_relation_ids + int(r)
+    return code
+
+
 def decode(code: int, num_relation_ids: int) -> list[int]:
     """The relation ids of a path code, first hop first."""
     rels = []

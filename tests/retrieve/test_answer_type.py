@@ -8,7 +8,7 @@ import pytest
 from seeder.config import EmbedConfig
 from seeder.features.embed import load_encoder, minilm_path
 from seeder.retrieve.answer_type import TYPE_FLOOR, AnswerTypes, asked_types, asked_words, one_hot, type_names
-from seeder.retrieve.paths import ROOT
+from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
 
 BASE = 4  # relation ids: 0 directed by (-> person), 1 has genre (-> genre), 2 directed (-> movie), 3 genre of (-> movie)
@@ -16,10 +16,7 @@ TAILS = np.array(["person", "genre", "movie", "movie"], dtype=object)
 
 
 def code(*relations: int) -> int:
-    c = ROOT
-    for r in relations:
-        c = c * BASE + r
-    return c
+    return encode(list(relations), BASE)
 
 
 def test_the_asking_word_is_the_first_interrogative_or_the_word_after_what_or_which():

@@ -6,17 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from seeder.retrieve.local_match import WINDOW, LocalMatch, choose_weights, question_windows
-from seeder.retrieve.paths import ROOT
+from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
 
 BASE = 4  # relation ids 0 starred (movie -> person), 1 directed (movie -> person), 2 and 3 their inverses
 
 
 def code(*relations: int) -> int:
-    c = ROOT
-    for r in relations:
-        c = c * BASE + r
-    return c
+    return encode(list(relations), BASE)
 
 
 def test_windows_keep_the_words_either_side_of_the_seed_and_of_the_asking_word():

@@ -6,7 +6,7 @@ import numpy as np
 
 from seeder.features.embed import apply_pca, fit_pca, l2_normalize
 from seeder.retrieve.path_text import PathText, choose_weight, relation_tail_types, render_paths
-from seeder.retrieve.paths import ROOT
+from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
 
 # Two relations, four ids: 0 "directed by" (movie -> person), 1 "has genre" (movie -> genre), 2 and 3 their inverses.
@@ -15,10 +15,7 @@ BASE = 4
 
 
 def code(*relations: int) -> int:
-    c = ROOT
-    for r in relations:
-        c = c * BASE + r
-    return c
+    return encode(list(relations), BASE)
 
 
 def test_tail_types_are_each_relation_ids_commonest_target_type():

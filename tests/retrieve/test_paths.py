@@ -12,6 +12,7 @@ from seeder.retrieve.paths import (
     check_code_range,
     decode,
     describe,
+    encode,
     golden_paths,
     golden_paths_batched,
     path_digits,
@@ -105,3 +106,10 @@ def test_codes_decode_and_describe():
     assert describe(ROOT, names) == "(seed)"
     with pytest.raises(ConfigError, match="lower expand.hops"):
         check_code_range(10_000, 6)
+
+
+def test_encode_is_the_inverse_of_decode():
+    for relations in ([], [0], [3, 1], [5, 0, 5]):
+        code = encode(relations, 6)
+        assert decode(code, 6) == relations and path_length(np.array([code]), 6).tolist() == [len(relations)]
+    assert encode([], 6) == ROOT and encode([2, 0], 6) != encode([0, 2], 6)
