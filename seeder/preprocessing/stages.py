@@ -850,15 +850,22 @@ def encode_in_blocks(texts: list[str], config: SeederConfig, label: str, unit: s
 
 
 def masked_question_features(
-    kg: KnowledgeGraph, artifacts: Path, query_ids: np.ndarray, seeds: np.ndarray, config: SeederConfig, echo=print
+    kg: KnowledgeGraph,
+    artifacts: Path,
+    query_ids: np.ndarray,
+    seeds: np.ndarray,
+    config: SeederConfig,
+    tails: np.ndarray,
+    echo=print,
 ) -> np.ndarray:
     """[Q, d (+ T) (+ 2d)] what a ``prior.question: masked`` prior reads of these questions
     (``prior.masked_reading``): the masked question embedded by the dataset's encoder and projected by the
     features stage's PCA, with ``prior.answer_type`` the one-hot type it asks for among the graph's T node
-    types, with ``prior.local_match`` its seed and asking windows, as the Retriever reads a new question."""
+    types, with ``prior.local_match`` its seed and asking windows, as the Retriever reads a new question.
+    ``tails``: each relation id's tail type (``graph_tail_types``)."""
     texts = kg.queries.column("text").take(pa.array(kg.query_rows(query_ids))).to_pylist()
     pca = artifacts_pca(artifacts)
-    names = type_names(graph_tail_types(kg)) if config.prior.answer_type else None
+    names = type_names(tails) if config.prior.answer_type else None
 
     def encode(label: str, transform):
         return lambda t: np.concatenate(encode_in_blocks(t, config, f"prior: {label}", "texts", transform))
@@ -896,10 +903,11 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     query_ids = train_query_ids(kg)
     seed_qids, seeds, _ = read_seed_table(artifacts / "seeds" / "seeds.parquet")
     train_seeds = seeds[np.searchsorted(seed_qids, query_ids)]
+    tails = graph_tail_types(kg)  # one pass over the edges, for the asked type, the path text and the windows
     if config.prior.question == "masked":
         # A fixed thread count, as for the fit below: the same bits on any node.
         with intra_op_threads(PRIOR_THREADS):
-            every = masked_question_features(kg, artifacts, seed_qids, seeds, config, echo)
+            every = masked_question_features(kg, artifacts, seed_qids, seeds, config, tails, echo)
         np.save(out / "question.npy", every)
         np.save(out / "question_ids.npy", seed_qids)
         query_features = every[np.searchsorted(seed_qids, query_ids)]
@@ -927,7 +935,6 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     # A masked reading is [question d | asked type T | seed and asking windows 2d]; the MLP reads the first two.
     masked = config.prior.question == "masked"
     question_dim = np.load(artifacts / "features" / "query.npy", mmap_mode="r").shape[1]  # d, PCA'd or not
-    tails = graph_tail_types(kg)
     asked_width = len(type_names(tails)) if masked and config.prior.answer_type else 0
     read_width = question_dim + asked_width
     inputs = prior_inputs(query_features[:, :read_width], profile, wording)
@@ -952,14 +959,14 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
         prior.answer_types = AnswerTypes.build(type_names(tails), tails, prior.vocab, 2 * kg.num_relations, question_dim)
     if masked and config.prior.path_text:
         with intra_op_threads(PRIOR_THREADS):
-            prior.path_text = fit_path_text(kg, artifacts, prior, inputs, rows, code[kept], query_ids, config, echo)
+            prior.path_text = fit_path_text(kg, artifacts, prior, inputs, rows, code[kept], query_ids, config, tails, echo)
         if prior.path_text is not None:
             prior.info["path_text_weight"] = prior.path_text.weight
     if masked and config.prior.local_match:
         with intra_op_threads(PRIOR_THREADS):
             whole = prior_inputs(query_features, profile, wording)
             prior.local_match = fit_local_match(
-                kg, artifacts, prior, whole, rows, code[kept], query_ids, config, read_width, echo
+                kg, artifacts, prior, whole, rows, code[kept], query_ids, config, tails, read_width, echo
             )
         prior.info["local_match_weights"] = [prior.local_match.seed_weight, prior.local_match.ask_weight]
     if config.prior.vote == "labelled":
@@ -988,6 +995,7 @@ def fit_path_text(
     codes: np.ndarray,
     query_ids: np.ndarray,
     config: SeederConfig,
+    tails: np.ndarray,
     echo=print,
 ) -> PathText | None:
     """The prior's vocabulary written as questions and embedded (``seeder.retrieve.path_text``), with
@@ -997,7 +1005,7 @@ def fit_path_text(
         echo(f"prior: {len(prior.vocab):,} relation paths, more than {PATH_TEXT_MAX:,}: no path-text match")
         return None
     num_ids = 2 * kg.num_relations
-    texts = render_paths(prior.vocab, num_ids, kg.relation_texts, graph_tail_types(kg))
+    texts = render_paths(prior.vocab, num_ids, kg.relation_texts, tails)
     embedded = encode_in_blocks(texts, config, "prior: relation paths as questions", "paths", l2_normalize)
     text = PathText.build(np.concatenate(embedded), artifacts_pca(artifacts))
     x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, config)
@@ -1029,6 +1037,7 @@ def fit_local_match(
     codes: np.ndarray,
     query_ids: np.ndarray,
     config: SeederConfig,
+    tails: np.ndarray,
     offset: int,
     echo=print,
 ) -> LocalMatch:
@@ -1036,7 +1045,7 @@ def fit_local_match(
     (``seeder.retrieve.local_match``), with the window weights ``choose_weights`` picks on the held-out
     training questions; ``inputs`` hold the windows from column ``offset``."""
     num_ids = 2 * kg.num_relations
-    texts = render_paths(ROOT * num_ids + np.arange(num_ids), num_ids, kg.relation_texts, graph_tail_types(kg))
+    texts = render_paths(ROOT * num_ids + np.arange(num_ids), num_ids, kg.relation_texts, tails)
     pca = artifacts_pca(artifacts)
     relations = np.concatenate(
         encode_in_blocks(texts, config, "prior: relations as questions", "relations", lambda x: apply_pca(x, pca))
