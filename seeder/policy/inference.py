@@ -344,11 +344,18 @@ def positions_in_rows(table: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, n
     return (order[at] % width if len(order) else at), found & (ids >= 0)
 
 
-def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
-    """Validation during training: greedy retrieval of ``data`` with the training schedule, and the
-    mean of every metric of ``seeder.retrieve.metrics`` (the names ``seeder evaluate`` reports)."""
+def evaluate_per_query(
+    model: SeedERPolicy, data: QueryData, config: SeederConfig
+) -> tuple[RetrievalResult, dict[str, np.ndarray]]:
+    """Greedy retrieval of ``data`` with the training schedule, and every metric of
+    ``seeder.retrieve.metrics`` per query (the names ``seeder evaluate`` reports)."""
     result, _, _ = retrieve(
         model, data, Schedule.training(config), config.eval.ranking_length, config.train.eval_batch_size, progress="validate"
     )
-    per_query = per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
+    return result, per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
+
+
+def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
+    """Validation during training: ``evaluate_per_query``'s metrics averaged over the queries."""
+    result, per_query = evaluate_per_query(model, data, config)
     return result, {key: float(values.mean()) for key, values in per_query.items()}

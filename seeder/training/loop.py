@@ -29,13 +29,14 @@ import torch
 from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, to_dict, training_config
 from seeder.policy import checkpoint
-from seeder.policy.inference import QueryData, Schedule, evaluate
+from seeder.policy.inference import QueryData, Schedule, evaluate_per_query
 from seeder.policy.losses import advantages, bpr_loss, reinforce_loss
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.rollout import QueryBatch, Rollout, recall_of_sets, score_whole_subgraph
 from seeder.preprocessing.artifacts import open_artifacts
 from seeder.system.io import DataError
 from seeder.system.progress import Progress
+from seeder.training.calibration import calibrate_path_end
 
 EPOCH_METRICS = ("loss", "loss_reinforce", "loss_bpr", "reward", "grad_norm", "epoch_seconds", "trajectories_per_second")
 """What every driver logs per epoch, besides ``val_<metric>`` for each ``seeder.retrieve.metrics`` metric,
@@ -333,7 +334,9 @@ def fit(
         improved = False
         if val_data is not None:
             start = time.perf_counter()
-            _, val = evaluate(state.model, val_data, config)
+            module = getattr(state.model, "module", state.model)
+            _, per_query = evaluate_per_query(module, val_data, config)
+            val = {key: float(values.mean()) for key, values in per_query.items()}
             metrics.update({f"val_{k}": v for k, v in val.items()})
             metrics["val_seconds"] = time.perf_counter() - start
             metrics[SELECTION_METRIC] = selection_score(val)
@@ -342,8 +345,13 @@ def fit(
             if improved:
                 state.best_metric = metrics[SELECTION_METRIC]
                 state.best_epoch = state.epoch
-                module = getattr(state.model, "module", state.model)
                 state.best_weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+                calibration = calibrate_path_end(module, val_data, config, per_query) if cfg.calibrate_path_end else None
+                if calibration is not None:
+                    # The kept model ranks with the calibrated weight; training goes on with the learnt one.
+                    state.best_weights["path_end_weight"] = torch.tensor(calibration.weight)
+                    metrics["path_end_scale"] = calibration.scale
+                    metrics.update({f"calibrated_val_{k}": v for k, v in calibration.metrics.items()})
         metrics["epoch"] = state.epoch
         state.history.append(metrics)
         if on_epoch is not None:
@@ -383,6 +391,8 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
             f"  val hit@1 {row['val_hit_at_1']:.3f} hit@5 {row.get('val_hit_at_5', float('nan')):.3f} "
             f"mrr {row['val_mrr']:.3f} recall@20 {row['val_recall_at_20']:.3f}"
         )
+    if "path_end_scale" in row:
+        line += f"  (kept; path_end weight x{row['path_end_scale']:g}: val hit@1 {row['calibrated_val_hit_at_1']:.3f})"
     line += f"  {row['epoch_seconds']:.1f}s"
     if "val_seconds" in row:
         line += f" +val {row['val_seconds']:.1f}s"
