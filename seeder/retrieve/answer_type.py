@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +93,9 @@ def one_hot(asked: np.ndarray, num_types: int) -> np.ndarray:
 class AnswerTypes:
     """The node types questions may ask for, and the one each vocabulary path ends at."""
 
+    FILE: ClassVar[str] = "answer_types.npz"
+    """Where ``save`` writes it in a prior directory and ``load`` reads it."""
+
     names: list[str]
     path_types: np.ndarray  # int64 [V]: index into names of each vocabulary path's end type
     offset: int  # column of the prior's inputs where the one-hot asked type starts
@@ -122,7 +125,7 @@ class AnswerTypes:
 
     def save(self, directory: Path) -> None:
         np.savez(
-            Path(directory) / "answer_types.npz",
+            Path(directory) / self.FILE,
             names=np.asarray(self.names, dtype=str),
             path_types=self.path_types,
             offset=np.array(self.offset),
@@ -130,7 +133,7 @@ class AnswerTypes:
 
     @classmethod
     def load(cls, directory: Path) -> "AnswerTypes | None":
-        path = Path(directory) / "answer_types.npz"
+        path = Path(directory) / cls.FILE
         if not path.exists():
             return None
         with np.load(path, allow_pickle=False) as z:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +73,9 @@ class LocalMatch:
     """Each relation id's one-hop sentence in the question features' space, the vocabulary paths' first
     and last relation ids, where the windows sit in the prior's inputs, and the two weights."""
 
+    FILE: ClassVar[str] = "local_match.npz"
+    """Where ``save`` writes it in a prior directory and ``load`` reads it."""
+
     relations: np.ndarray  # float32 [2R, d]
     first: np.ndarray  # int64 [V]
     last: np.ndarray  # int64 [V]
@@ -112,7 +116,7 @@ class LocalMatch:
 
     def save(self, directory: Path) -> None:
         np.savez(
-            Path(directory) / "local_match.npz",
+            Path(directory) / self.FILE,
             relations=self.relations,
             first=self.first,
             last=self.last,
@@ -121,7 +125,7 @@ class LocalMatch:
 
     @classmethod
     def load(cls, directory: Path) -> "LocalMatch | None":
-        path = Path(directory) / "local_match.npz"
+        path = Path(directory) / cls.FILE
         if not path.exists():
             return None
         with np.load(path, allow_pickle=False) as z:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -76,6 +77,9 @@ def render_paths(codes: np.ndarray, num_relation_ids: int, relation_texts: list[
 class PathText:
     """The rendered paths' embeddings in the basis of the prior's question features, and the match weight."""
 
+    FILE: ClassVar[str] = "path_text.npz"
+    """Where ``save`` writes it in a prior directory and ``load`` reads it."""
+
     paths: np.ndarray  # float32 [V, d]: each vocabulary path's raw unit embedding, projected on the basis
     offset: np.ndarray  # float32 [V]: its dot product with the PCA's mean
     mean: np.ndarray  # float32 [d]: the PCA's mean in the basis (zeros without a PCA)
@@ -123,7 +127,7 @@ class PathText:
 
     def save(self, directory: Path) -> None:
         np.savez(
-            Path(directory) / "path_text.npz",
+            Path(directory) / self.FILE,
             paths=self.paths,
             offset=self.offset,
             mean=self.mean,
@@ -132,7 +136,7 @@ class PathText:
 
     @classmethod
     def load(cls, directory: Path) -> "PathText | None":
-        path = Path(directory) / "path_text.npz"
+        path = Path(directory) / cls.FILE
         if not path.exists():
             return None
         with np.load(path, allow_pickle=False) as z:

@@ -226,6 +226,9 @@ PRIOR_MODELS = choices(PriorModel)
 MASS_FLOOR = 1e-6
 OFF_PATH_TERM = float(np.log(MASS_FLOOR))
 """The path term of a candidate whose path leaves the prior's trie (no vocabulary path goes there)."""
+OPTIONAL_PARTS = (("vote", LabelledVote), ("path_text", PathText), ("answer_types", AnswerTypes), ("local_match", LocalMatch))
+"""The prior's optional parts, by attribute: each saves itself to its class's ``FILE`` in the prior's
+directory, and ``load`` gives None where that file is absent."""
 
 
 def all_paths(num_relation_ids: int, max_length: int) -> np.ndarray:
@@ -359,22 +362,12 @@ class RelationPathPrior:
             "question": self.question,
         }
         (directory / "prior.json").write_text(json.dumps({**meta, **self.info}, indent=2))
-        if self.vote is not None:
-            self.vote.save(directory)
-        else:
-            (directory / "vote.npz").unlink(missing_ok=True)
-        if self.path_text is not None:
-            self.path_text.save(directory)
-        else:
-            (directory / "path_text.npz").unlink(missing_ok=True)
-        if self.answer_types is not None:
-            self.answer_types.save(directory)
-        else:
-            (directory / "answer_types.npz").unlink(missing_ok=True)
-        if self.local_match is not None:
-            self.local_match.save(directory)
-        else:
-            (directory / "local_match.npz").unlink(missing_ok=True)
+        for name, part in OPTIONAL_PARTS:
+            value = getattr(self, name)
+            if value is not None:
+                value.save(directory)
+            else:
+                (directory / part.FILE).unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: Path) -> "RelationPathPrior":
@@ -383,10 +376,7 @@ class RelationPathPrior:
             with np.load(directory / "prior.npz", allow_pickle=False) as z:
                 arrays = {k: z[k] for k in ("w1", "b1", "w2", "b2", "vocab")}
             info = json.loads((directory / "prior.json").read_text())
-            vote = LabelledVote.load(directory)
-            path_text = PathText.load(directory)
-            answer_types = AnswerTypes.load(directory)
-            local_match = LocalMatch.load(directory)
+            parts = {name: part.load(directory) for name, part in OPTIONAL_PARTS}
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"{directory}: cannot read the relation-path prior ({exc}); rerun preprocessing") from exc
         if int(info.get("wording_dim", 0)) and info.get("wording_version") != WORDING_VERSION:
@@ -404,10 +394,7 @@ class RelationPathPrior:
             bag_weight=float(info.pop("bag_weight", 0.0)),
             wording_dim=int(info.pop("wording_dim", 0)),
             question=str(info.pop("question", "text")),
-            vote=vote,
-            path_text=path_text,
-            answer_types=answer_types,
-            local_match=local_match,
+            **parts,
             info=info,
         )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,6 +40,9 @@ class LabelledVote:
     share: np.ndarray  # float32 [E]: its share of its question's vote (sums to 1 per question)
     temperature: float
     floor: float
+
+    FILE: ClassVar[str] = "vote.npz"
+    """Where ``save`` writes it in a prior directory and ``load`` reads it."""
 
     @classmethod
     def build(
@@ -98,7 +102,7 @@ class LabelledVote:
 
     def save(self, directory: Path) -> None:
         np.savez(
-            Path(directory) / "vote.npz",
+            Path(directory) / self.FILE,
             features=self.features,
             ptr=self.ptr,
             slot=self.slot,
@@ -108,7 +112,7 @@ class LabelledVote:
 
     @classmethod
     def load(cls, directory: Path) -> "LabelledVote | None":
-        path = Path(directory) / "vote.npz"
+        path = Path(directory) / cls.FILE
         if not path.exists():
             return None
         with np.load(path, allow_pickle=False) as z:
