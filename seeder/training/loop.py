@@ -4,7 +4,8 @@
 - ``train_step`` / ``train_epoch``: one minibatch / one epoch over given queries;
 - ``fit(state, train_data, val_data, on_epoch)``: the epoch loop. It owns which queries each epoch
   (and each data-parallel rank) trains on, the validation sample, the finiteness checks, the best
-  rule (``selection_score``) and the metric names (``EPOCH_METRICS``, ``val_*``);
+  rule (``selection_score``), the kept model's path_end weight (``seeder.training.calibration``) and the
+  metric names (``EPOCH_METRICS``, ``val_*``);
 - ``save_state`` / ``load_state`` / ``export_best``: checkpoints and models (``seeder.policy.checkpoint``).
 
 The drivers only say what happens after an epoch: ``python -m seeder.training.loop`` (``main`` below) writes
