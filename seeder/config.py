@@ -688,6 +688,11 @@ class QuestionsConfig(Section):
     real_train: int = 0
     """Real training questions of the dataset kept beside the generated ones (a fixed, hashed sample;
     0 keeps none: the generated questions alone train)."""
+    source_val: bool = True
+    """Keep the source's own val questions as the val split. False leaves them out: the questions over
+    the held-out paths become the val split, so no real question chooses the kept epoch or the
+    calibrated path_end weight (as on a graph without questions), and the source's test questions stay
+    for the final measure."""
     seed: int = 0
     """Seed of every random choice; the same seed gives the same questions."""
 

@@ -109,3 +109,12 @@ def add_method_argument(parser: argparse.ArgumentParser, default: list[str]) -> 
 
 def add_split_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="val", choices=["train", "val", "test"], help="query split")
+
+
+def parse_bool(text: str) -> bool:
+    """An argparse type for a boolean option's value: true / false (also 1 / 0, yes / no)."""
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean; use true or false")

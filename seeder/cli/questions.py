@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from seeder.cli.arguments import parse_bool
 from seeder.config import QuestionsConfig, field_docs, from_dict, load_config
 from seeder.generate.questions import build_dataset, load_paraphraser
 
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type={"int": int, "float": float}[str(f.type)],
+            type={"int": int, "float": float, "bool": parse_bool}[str(f.type)],
             default=None,
             help=f"{docs.get(f.name, '')} (default {f.default})",
         )

@@ -19,8 +19,8 @@ through r_1, then r_2?" is answered exactly by that set. This module samples suc
 ``build_dataset`` writes a new dataset with the same graph, the generated questions as its training
 split (marked ``generated``, with their ``relation_path`` of CSR relation ids and ``anchor_id``; -1 and
 an empty path for the source's questions), and the source's own val and test questions (plus ``real_train`` of its
-training questions, for few-label runs). Where the source has no val questions, questions over the
-held-out paths become the val split. A user's paraphraser (``module:function`` taking and returning a
+training questions, for few-label runs). Where the source has no val questions, or ``source_val`` is
+false, questions over the held-out paths become the val split. A user's paraphraser (``module:function`` taking and returning a
 list of question texts) may rewrite the texts, for example with an LLM.
 
 Everything is vectorised over questions as flat (question, node) arrays; only the hops are a loop.
@@ -307,14 +307,16 @@ def check(cfg: QuestionsConfig) -> None:
         raise ConfigError("questions: " + "; ".join(problems))
 
 
-def _real_questions(kg, real_train: int, seed: int) -> pa.Table:
-    """The source's val and test questions, and a seeded sample of ``real_train`` training ones (not
-    chosen by the id hash that seeder.preprocessing.derive samples with, or every one of them would be in its sample)."""
+def _real_questions(kg, real_train: int, seed: int, source_val: bool = True) -> pa.Table:
+    """The source's test questions, its val ones with ``source_val``, and a seeded sample of ``real_train``
+    training ones (not chosen by the id hash that seeder.preprocessing.derive samples with, or every one
+    of them would be in its sample)."""
     queries = kg.queries
     split = queries.column("split").to_numpy(zero_copy_only=False)
     train_rows = np.flatnonzero(split == "train")
     kept_train = np.random.default_rng([seed, 1]).permutation(train_rows)[:real_train]
-    rows = np.sort(np.concatenate([np.flatnonzero(split != "train"), kept_train]))
+    evaluated = (split == "test") | ((split == "val") & source_val)
+    rows = np.sort(np.concatenate([np.flatnonzero(evaluated), kept_train]))
     return queries.take(pa.array(rows))
 
 
@@ -330,7 +332,7 @@ def build_dataset(
     start = time.perf_counter()
     kg = open_dataset(source)
     made = generate(kg, cfg, paraphrase)
-    real = _real_questions(kg, cfg.real_train, cfg.seed)
+    real = _real_questions(kg, cfg.real_train, cfg.seed, cfg.source_val)
     has_val = "val" in set(real.column("split").to_pylist())
     use = ~made["held_out"] | (not has_val)  # held-out paths serve as val only where the source has none
     split = np.where(made["held_out"], "val", "train")[use]

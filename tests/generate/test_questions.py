@@ -97,6 +97,29 @@ def test_without_val_questions_the_held_out_paths_become_val(source, tmp_path):
     assert pa.types.is_boolean(made.schema.field("generated").type)
 
 
+def test_without_the_source_val_questions_the_held_out_paths_validate_and_the_test_questions_stay(source, tmp_path):
+    import pyarrow.compute as pc
+
+    from seeder.cli.main import main
+
+    held_out = tmp_path / "gen"
+    # The command line's way, as a user runs it.
+    assert main(["questions", "--dataset", str(source.path), "--out", str(held_out), "--count", "800",
+                 "--holdout-fraction", "0.3", "--seed", "2", "--source-val", "false"]) == 0  # fmt: skip
+    made = open_dataset(held_out).queries.to_pylist()
+    real = {q["id"]: q for q in source.queries.to_pylist()}
+    assert {q["id"] for q in made if not q["generated"]} == {i for i, q in real.items() if q["split"] == "test"}
+    val = [q for q in made if q["split"] == "val"]
+    assert val and all(q["generated"] and q["hop"] >= 2 for q in val)
+    # Generating is unchanged: the training questions are those of a run that keeps the source's val.
+    build_dataset(source.path, tmp_path / "kept", QuestionsConfig(count=800, holdout_fraction=0.3, seed=2), echo=lambda _: None)
+    kept = open_dataset(tmp_path / "kept").queries
+    train = kept.filter(pc.equal(kept.column("split"), "train")).column("text").to_pylist()
+    assert [q["text"] for q in made if q["split"] == "train"] == train
+    with pytest.raises(SystemExit):
+        main(["questions", "--dataset", str(source.path), "--out", str(tmp_path / "x"), "--source-val", "maybe"])
+
+
 def test_same_seed_same_questions_and_a_paraphraser_rewrites_them(source, monkeypatch):
     cfg = QuestionsConfig(count=300, seed=5)
     a, b = generate(source, cfg), generate(source, cfg)
