@@ -9,6 +9,26 @@ import pytest
 from seeder.data.store import open_dataset, write_dataset
 
 
+def fixed_prior(vocab, num_relation_ids: int, input_dim: int, logits=None, **options):
+    """A relation-path prior whose MLP reads ``input_dim`` columns and ignores them: every question gets
+    softmax(``logits``) over ``vocab`` (uniform when None) before the prior's own masks and parts.
+    ``options`` are further ``RelationPathPrior`` fields (``model``, ``wording_dim``, ...)."""
+    from seeder.retrieve.prior import RelationPathPrior
+
+    vocab = np.asarray(vocab, np.int64)
+    hidden = 2
+    return RelationPathPrior(
+        w1=np.zeros((input_dim, hidden), np.float32),
+        b1=np.zeros(hidden, np.float32),
+        w2=np.zeros((hidden, len(vocab)), np.float32),
+        b2=np.zeros(len(vocab), np.float32) if logits is None else np.asarray(logits, np.float32),
+        vocab=vocab,
+        num_relation_ids=num_relation_ids,
+        info={},
+        **options,
+    )
+
+
 def normalised(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
     x = rng.standard_normal((rows, dim)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)

@@ -10,6 +10,7 @@ from seeder.features.embed import load_encoder, minilm_path
 from seeder.retrieve.answer_type import TYPE_FLOOR, AnswerTypes, asked_types, asked_words, one_hot, type_names
 from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
+from tests.retrieve.conftest import fixed_prior
 
 BASE = 4  # relation ids: 0 directed by (-> person), 1 has genre (-> genre), 2 directed (-> movie), 3 genre of (-> movie)
 TAILS = np.array(["person", "genre", "movie", "movie"], dtype=object)
@@ -79,16 +80,7 @@ def test_paths_ending_at_another_type_than_asked_lose_all_but_a_floor_of_their_m
     np.testing.assert_allclose(out[1], probs[1])  # no asked type: unchanged
 
     # The prior applies it, and keeps it through save and load.
-    prior = RelationPathPrior(
-        w1=np.zeros((2 + len(names) + BASE, 2), np.float32),
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, len(vocab)), np.float32),
-        b2=np.log(probs[0]),
-        vocab=vocab,
-        num_relation_ids=BASE,
-        info={},
-        model="path",
-    )
+    prior = fixed_prior(vocab, BASE, 2 + len(names) + BASE, np.log(probs[0]))
     full = np.concatenate([inputs, np.ones((2, BASE), np.float32)], axis=1)
     prior.answer_types = types
     prior.save(tmp_path)

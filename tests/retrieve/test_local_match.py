@@ -8,6 +8,7 @@ import numpy as np
 from seeder.retrieve.local_match import WINDOW, LocalMatch, choose_weights, question_windows
 from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
+from tests.retrieve.conftest import fixed_prior
 
 BASE = 4  # relation ids 0 starred (movie -> person), 1 directed (movie -> person), 2 and 3 their inverses
 
@@ -61,16 +62,7 @@ def test_the_windows_reweigh_paths_by_their_first_and_last_relations(tmp_path):
     assert shares[(0.0, 0.0)] == 0.0 and shares[(5.0, 5.0)] == 1.0 and (seed_weight, ask_weight) == (5.0, 5.0)
 
     # The prior's MLP skips the window columns; the match reweighs its probabilities; both survive save/load.
-    prior = RelationPathPrior(
-        w1=np.zeros((1 + BASE, 2), np.float32),  # the MLP reads the first column and the profile only
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, len(vocab)), np.float32),
-        b2=np.log(probs[0]),
-        vocab=vocab,
-        num_relation_ids=BASE,
-        info={},
-        model="path",
-    )
+    prior = fixed_prior(vocab, BASE, 1 + BASE, np.log(probs[0]))  # the MLP reads the first column and the profile only
     inputs[0, -BASE:] = 1.0  # every relation leaves the seed
     match.seed_weight, match.ask_weight = 2.0, 2.0
     prior.local_match = match

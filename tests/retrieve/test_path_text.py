@@ -8,6 +8,7 @@ from seeder.features.embed import apply_pca, fit_pca, l2_normalize
 from seeder.retrieve.path_text import PathText, choose_weight, relation_tail_types, render_paths
 from seeder.retrieve.paths import encode
 from seeder.retrieve.prior import RelationPathPrior
+from tests.retrieve.conftest import fixed_prior
 
 # Two relations, four ids: 0 "directed by" (movie -> person), 1 "has genre" (movie -> genre), 2 and 3 their inverses.
 TEXTS = ["directed by", "has genre", "directed", "genre of"]
@@ -87,16 +88,7 @@ def test_the_weight_is_chosen_where_the_match_helps_and_zero_where_it_misleads()
 def test_a_prior_saves_its_path_text_and_its_probabilities_use_it(tmp_path):
     vocab = np.array([code(r) for r in range(BASE)])
     d = 3
-    prior = RelationPathPrior(
-        w1=np.zeros((d + BASE, 2), np.float32),
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, BASE), np.float32),
-        b2=np.zeros(BASE, np.float32),
-        vocab=vocab,
-        num_relation_ids=BASE,
-        info={},
-        model="path",
-    )
+    prior = fixed_prior(vocab, BASE, d + BASE)
     inputs = np.concatenate([np.array([[0.0, 0.0, 1.0]], np.float32), np.ones((1, BASE), np.float32)], axis=1)
     np.testing.assert_allclose(prior.probs(inputs), 0.25)
     paths = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 0]], np.float32)

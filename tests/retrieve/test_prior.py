@@ -9,6 +9,7 @@ from seeder.config import ConfigError, ExpandConfig, PriorConfig
 from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.paths import ROOT, golden_paths
 from seeder.retrieve.prior import PathTrie, RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
+from tests.retrieve.conftest import fixed_prior
 
 
 def test_targets_keep_paths_near_the_best_f1():
@@ -245,15 +246,7 @@ def test_seed_profile_masks_paths_the_seed_cannot_start():
     assert profile.tolist() == [[1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]]
     vocab = np.array([ROOT * 4 + 0, ROOT * 4 + 3, (ROOT * 4 + 0) * 4 + 1])
     d = 2
-    prior = RelationPathPrior(
-        w1=np.zeros((d + 4, 3), np.float32),
-        b1=np.zeros(3, np.float32),
-        w2=np.zeros((3, 3), np.float32),
-        b2=np.zeros(3, np.float32),
-        vocab=vocab,
-        num_relation_ids=4,
-        info={},
-    )
+    prior = fixed_prior(vocab, 4, d + 4)
     np.testing.assert_array_equal(prior.first_relation, [0, 3, 0])
     probs = prior.probs(prior_inputs(np.zeros((3, d)), profile))
     np.testing.assert_allclose(probs, [[0.5, 0, 0.5], [0, 1, 0], [1 / 3, 1 / 3, 1 / 3]], atol=1e-6)

@@ -8,6 +8,7 @@ import pytest
 from seeder.retrieve.paths import ROOT
 from seeder.retrieve.prior import RelationPathPrior
 from seeder.retrieve.vote import NEAREST, LabelledVote
+from tests.retrieve.conftest import fixed_prior
 
 BASE = 4
 VOCAB = np.array([ROOT * BASE + r for r in range(BASE)])  # the four one-relation paths
@@ -39,16 +40,7 @@ def _prior_preferring(path: int) -> RelationPathPrior:
     d = 3
     b2 = np.zeros(len(VOCAB), np.float32)
     b2[path] = 2.0
-    return RelationPathPrior(
-        w1=np.zeros((d + BASE, 2), np.float32),
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, len(VOCAB)), np.float32),
-        b2=b2,
-        vocab=VOCAB,
-        num_relation_ids=BASE,
-        info={},
-        model="path",
-    )
+    return fixed_prior(VOCAB, BASE, d + BASE, b2)
 
 
 def test_a_question_worded_like_a_labelled_one_takes_its_path_and_one_unlike_any_keeps_the_priors(tmp_path):

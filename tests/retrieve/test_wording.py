@@ -10,6 +10,7 @@ from seeder.config import ConfigError, PriorConfig
 from seeder.retrieve.paths import ROOT
 from seeder.retrieve.prior import RelationPathPrior, prior_inputs, train_prior
 from seeder.retrieve.wording import ENTITY, MASK_WORD, mask_entities, masked_questions, question_form, seed_names
+from tests.retrieve.conftest import fixed_prior
 
 
 def test_seed_names_are_masked_whole_longest_first():
@@ -111,16 +112,7 @@ def test_the_prior_reads_which_relation_comes_first_from_the_wording():
 
 
 def test_the_wording_width_survives_save_and_load(tmp_path):
-    prior = RelationPathPrior(
-        w1=np.zeros((10, 2), np.float32),
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, 1), np.float32),
-        b2=np.zeros(1, np.float32),
-        vocab=np.array([ROOT * 2]),
-        num_relation_ids=2,
-        info={},
-        wording_dim=6,
-    )
+    prior = fixed_prior([ROOT * 2], 2, 10, wording_dim=6)
     prior.save(tmp_path)
     assert RelationPathPrior.load(tmp_path).wording_dim == 6
 
@@ -139,16 +131,7 @@ def test_a_prior_trained_on_other_wording_features_is_refused(tmp_path):
 
     from seeder.system.io import DataError
 
-    prior = RelationPathPrior(
-        w1=np.zeros((10, 2), np.float32),
-        b1=np.zeros(2, np.float32),
-        w2=np.zeros((2, 1), np.float32),
-        b2=np.zeros(1, np.float32),
-        vocab=np.array([ROOT * 2]),
-        num_relation_ids=2,
-        info={},
-        wording_dim=6,
-    )
+    prior = fixed_prior([ROOT * 2], 2, 10, wording_dim=6)
     prior.save(tmp_path)
     meta = json.loads((tmp_path / "prior.json").read_text())
     (tmp_path / "prior.json").write_text(json.dumps({**meta, "wording_version": 0}))
