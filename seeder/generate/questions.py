@@ -18,10 +18,11 @@ through r_1, then r_2?" is answered exactly by that set. This module samples suc
 
 ``build_dataset`` writes a new dataset with the same graph, the generated questions as its training
 split (marked ``generated``, with their ``relation_path`` of CSR relation ids and ``anchor_id``; -1 and
-an empty path for the source's questions), and the source's own val and test questions (plus ``real_train`` of its
-training questions, for few-label runs). Where the source has no val questions, or ``source_val`` is
-false, questions over the held-out paths become the val split. A user's paraphraser (``module:function`` taking and returning a
-list of question texts) may rewrite the texts, for example with an LLM.
+an empty path for the source's questions), and the source's own val and test questions (plus
+``real_train`` of its training questions, for few-label runs). Where the source has no val questions,
+or ``source_val`` is false, questions over the held-out paths become the val split. A user's
+paraphraser (``module:function`` taking and returning a list of question texts) may rewrite the texts,
+for example with an LLM.
 
 Everything is vectorised over questions as flat (question, node) arrays; only the hops are a loop.
 """

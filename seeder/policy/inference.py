@@ -355,7 +355,12 @@ def evaluate_per_query(
     return result, per_query_metrics(result, data.subgraphs.answer_ptr, data.subgraphs.answers, config.eval.ks)
 
 
+def mean_metrics(per_query: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each per-query metric averaged over the queries."""
+    return {key: float(values.mean()) for key, values in per_query.items()}
+
+
 def evaluate(model: SeedERPolicy, data: QueryData, config: SeederConfig) -> tuple[RetrievalResult, dict[str, float]]:
     """Validation during training: ``evaluate_per_query``'s metrics averaged over the queries."""
     result, per_query = evaluate_per_query(model, data, config)
-    return result, {key: float(values.mean()) for key, values in per_query.items()}
+    return result, mean_metrics(per_query)

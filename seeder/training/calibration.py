@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from seeder.config import SeederConfig
-from seeder.policy.inference import QueryData, evaluate_per_query
+from seeder.policy.inference import QueryData, evaluate_per_query, mean_metrics
 from seeder.policy.model import SeedERPolicy
 
 PATH_END_SCALES = (1.0, 2.0, 4.0, 8.0)
@@ -60,7 +60,7 @@ def calibrate_path_end(
     learnt = weight.detach().clone()
     if reference is None:
         _, reference = evaluate_per_query(model, val_data, config)
-    kept = Calibration(1.0, float(learnt), {key: float(values.mean()) for key, values in reference.items()})
+    kept = Calibration(1.0, float(learnt), mean_metrics(reference))
     best, best_gain, best_error = kept, 0.0, 0.0
     try:
         for scale in PATH_END_SCALES[1:]:
@@ -70,7 +70,7 @@ def calibrate_path_end(
             gain, error = paired_gain(per_query["mrr"], reference["mrr"])
             if gain > best_gain:
                 best_gain, best_error = gain, error
-                best = Calibration(scale, float(learnt * scale), {key: float(v.mean()) for key, v in per_query.items()})
+                best = Calibration(scale, float(learnt * scale), mean_metrics(per_query))
     finally:
         with torch.no_grad():
             weight.copy_(learnt)

@@ -30,7 +30,7 @@ import torch
 from seeder import tracking
 from seeder.config import ConfigError, SeederConfig, to_dict, training_config
 from seeder.policy import checkpoint
-from seeder.policy.inference import QueryData, Schedule, evaluate_per_query
+from seeder.policy.inference import QueryData, Schedule, evaluate_per_query, mean_metrics
 from seeder.policy.losses import advantages, bpr_loss, reinforce_loss
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.rollout import QueryBatch, Rollout, recall_of_sets, score_whole_subgraph
@@ -337,7 +337,7 @@ def fit(
             start = time.perf_counter()
             module = getattr(state.model, "module", state.model)
             _, per_query = evaluate_per_query(module, val_data, config)
-            val = {key: float(values.mean()) for key, values in per_query.items()}
+            val = mean_metrics(per_query)
             metrics.update({f"val_{k}": v for k, v in val.items()})
             metrics["val_seconds"] = time.perf_counter() - start
             metrics[SELECTION_METRIC] = selection_score(val)
