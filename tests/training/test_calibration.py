@@ -18,11 +18,10 @@ from seeder.training.loop import build_state, export_best, fit, steps_per_epoch
 WHOLE_SET = ["train.expansion_sizes=[15,15]", "train.frontier_caps=[30,30]", "model.dropout=0.0", "train.batch_size=16"]
 
 
-def with_path_end(data: QueryData, on_answers: float, noise: float = 0.0, seed: int = 0) -> QueryData:
-    """The toy task with a path_end of ``on_answers`` on its answers and 0 elsewhere, plus uniform noise."""
-    rng = np.random.default_rng(seed)
-    path_end = np.where(data.subgraphs.is_answer, on_answers, 0.0) + noise * rng.random(len(data.subgraphs.nodes))
-    return replace(data, subgraphs=replace(data.subgraphs, path_end=path_end.astype(np.float32)))
+def with_path_end(data: QueryData, on_answers: float) -> QueryData:
+    """The toy task with a path_end of ``on_answers`` on its answers and 0 elsewhere."""
+    path_end = np.where(data.subgraphs.is_answer, on_answers, 0.0).astype(np.float32)
+    return replace(data, subgraphs=replace(data.subgraphs, path_end=path_end))
 
 
 def untrained(data: QueryData, config) -> SeedERPolicy:
