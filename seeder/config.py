@@ -400,9 +400,9 @@ class TrainConfig(Section):
     val_queries: int = 0
     """Validation queries evaluated after each epoch (a fixed, seeded sample); 0 uses them all."""
     calibrate_path_end: bool = True
-    """After each kept epoch, try the learnt path_end weight of the final score times 2, 4 and 8 on the
-    validation sample and keep the multiple whose MRR beats the learnt weight's by more than a standard
-    error (``seeder.training.calibration``): the scoring head's corrections, learnt mostly on generated
+    """After each kept epoch, try the learnt path_end weight of the final score times 1, 2, 4 and 8 on
+    the validation sample and keep the largest multiple whose MRR is within a standard error of the best
+    one's (``seeder.training.calibration``): the scoring head's corrections, learnt mostly on generated
     questions, otherwise outvote the prior on real wording. No effect without validation queries or
     ``model.path_end_residual``."""
     delayed_allreduce: bool = False

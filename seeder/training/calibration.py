@@ -5,12 +5,13 @@ with ``w`` learnt jointly with the head. When most training questions are genera
 head also learns corrections that fit the generated wording and misfire on real questions, and the
 learnt ``w`` leaves them too much say. Only the final order changes with ``w`` (the expansion reads
 path_end as a feature, not through ``w``), so after each kept epoch ``calibrate_path_end`` tries ``w``
-times each of ``PATH_END_SCALES`` on the validation sample and keeps the scale whose mean reciprocal rank
-beats the learnt weight's by more than one standard error of the paired difference; otherwise the learnt
-weight stays. On MetaQA with 100 real training questions this took the policy's one-hop val Hit@1 from
-below the prior alone to above it; where the learnt weight is already right, the rule keeps it.
-Validation questions generated like the training ones seldom show the head's misfires (they fit its
-corrections), so the gain needs validation questions worded as users ask.
+times each of ``PATH_END_SCALES`` on the validation sample and keeps the largest multiple whose mean
+reciprocal rank is within one standard error (of the paired difference) of the best multiple's. That is
+the rule the prior's own text-match weights follow (``seeder.retrieve.path_text.choose_weight``), for the
+same reason: validation questions generated like the training ones fit the head's corrections and
+undervalue the prior, so where validation cannot tell the multiples apart the final order trusts the
+prior more; a multiple that ranks clearly worse is never taken. On MetaQA with 100 real training
+questions this took the policy's one-hop val Hit@1 from below the prior alone to above it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def paired_gain(candidate: np.ndarray, reference: np.ndarray) -> tuple[float, fl
     return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(len(diff)))
 
 
+def level_with(candidate: np.ndarray, best: np.ndarray) -> bool:
+    """Whether ``candidate``'s per-query metric falls short of ``best``'s by at most one standard error
+    of the paired difference (the best itself is level with itself)."""
+    gain, error = paired_gain(candidate, best)
+    return -gain <= error
+
+
 def calibrate_path_end(
     model: SeedERPolicy, val_data: QueryData, config: SeederConfig, reference: dict[str, np.ndarray] | None = None
 ) -> Calibration | None:
@@ -60,18 +68,15 @@ def calibrate_path_end(
     learnt = weight.detach().clone()
     if reference is None:
         _, reference = evaluate_per_query(model, val_data, config)
-    kept = Calibration(1.0, float(learnt), mean_metrics(reference))
-    best, best_gain, best_error = kept, 0.0, 0.0
+    tried = {1.0: reference}
     try:
         for scale in PATH_END_SCALES[1:]:
             with torch.no_grad():
                 weight.copy_(learnt * scale)
-            _, per_query = evaluate_per_query(model, val_data, config)
-            gain, error = paired_gain(per_query["mrr"], reference["mrr"])
-            if gain > best_gain:
-                best_gain, best_error = gain, error
-                best = Calibration(scale, float(learnt * scale), mean_metrics(per_query))
+            tried[scale] = evaluate_per_query(model, val_data, config)[1]
     finally:
         with torch.no_grad():
             weight.copy_(learnt)
-    return best if best_gain > best_error else kept
+    best = max(tried, key=lambda scale: tried[scale]["mrr"].mean())
+    chosen = max(scale for scale in tried if level_with(tried[scale]["mrr"], tried[best]["mrr"]))
+    return Calibration(chosen, float(learnt * chosen), mean_metrics(tried[chosen]))

@@ -1,5 +1,6 @@
-"""The path_end weight's calibration on validation: it raises the weight only where that ranks better,
-leaves the model as it found it, and the training loop keeps the calibrated weight in the best model."""
+"""The path_end weight's calibration on validation: it raises the weight where that ranks as well or
+better, never to a multiple that ranks clearly worse, leaves the model as it found it, and the training
+loop keeps the calibrated weight in the best model."""
 
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ from seeder.config import load_config
 from seeder.policy.inference import QueryData, evaluate
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.toy import toy_task
-from seeder.training.calibration import PATH_END_SCALES, calibrate_path_end, paired_gain
+from seeder.training.calibration import PATH_END_SCALES, calibrate_path_end, level_with, paired_gain
 from seeder.training.loop import build_state, export_best, fit, steps_per_epoch
 
 # Every node of a toy subgraph enters the final set, so only the final scores decide the order.
@@ -60,6 +61,27 @@ def test_a_prior_that_points_away_from_the_answers_keeps_the_learnt_weight():
     calibration = calibrate_path_end(model, data, config)
     assert calibration is not None and calibration.scale == 1.0
     assert calibration.metrics["mrr"] == pytest.approx(before["mrr"])
+
+
+def test_multiples_level_on_validation_keep_the_largest():
+    # A path_end shared by every node of a question moves no node past another: every multiple ranks
+    # alike, and the rule then trusts the prior the most.
+    config = load_config(None, WHOLE_SET)
+    data = toy_task(64, 30, 8, seed=1)
+    per_question = np.repeat(np.linspace(-1.0, 1.0, len(data.subgraphs)), data.subgraphs.sizes).astype(np.float32)
+    data = replace(data, subgraphs=replace(data.subgraphs, path_end=per_question))
+    model = untrained(data, config)
+    _, before = evaluate(model, data, config)
+    calibration = calibrate_path_end(model, data, config)
+    assert calibration is not None and calibration.scale == max(PATH_END_SCALES)
+    assert calibration.metrics["mrr"] == pytest.approx(before["mrr"])
+
+
+def test_level_with_allows_one_standard_error_below_the_best():
+    best = np.array([1.0, 1.0, 1.0, 1.0])
+    assert level_with(best, best)
+    assert level_with(np.array([1.0, 1.0, 1.0, 0.5]), best)  # 0.125 short, standard error 0.125
+    assert not level_with(np.array([0.5, 0.5, 0.5, 0.0]), best)
 
 
 def test_nothing_to_calibrate_without_a_prior_or_without_the_residual():
