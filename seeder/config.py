@@ -443,6 +443,12 @@ class EvalConfig(Section):
     sum of 1 / (60 + rank)) or ``votes`` (how many rollouts selected a node, ties by reciprocal rank)."""
     rollout_seed: int = 0
     """Seed of the sampled rollouts' noise: a call ranks the same questions the same way every time."""
+    prior_nodes: int = 5
+    """After the policy's last expansion step, up to this many nodes of the bounded subgraph that end one
+    of the relation-path prior's paths, the largest path end first, join the final set, which the scoring
+    head then ranks (``seeder.policy.rollout``'s ``join_prior_ends``; training validates with it too). The
+    learned expansion drops some answers the prior puts first, above all on three-hop questions worded
+    unlike its training questions; 0 turns it off. Nothing joins with the cosine filter (no prior)."""
 
 
 @dataclass

@@ -144,6 +144,7 @@ class Schedule:
     fusion: str = "rrf"
     seed: int = 0
     temperature: float = 1.0
+    prior_nodes: int = 0
 
     def __post_init__(self) -> None:
         check_schedule(list(self.expansion_sizes), list(self.frontier_caps), "expansion")
@@ -153,20 +154,30 @@ class Schedule:
             raise ConfigError(f"eval.rollouts={self.rollouts}: use 0 (greedy only) or more sampled rollouts")
         if self.fusion not in choices(Fusion):
             raise ConfigError(f"eval.fusion={self.fusion!r}: use one of {', '.join(choices(Fusion))}")
+        if self.prior_nodes < 0:
+            raise ConfigError(f"eval.prior_nodes={self.prior_nodes}: use 0 (off) or a positive count")
         if self.rollouts and not self.temperature > 0:
             raise ConfigError(f"the model's train.temperature={self.temperature} must be > 0 to sample rollouts")
 
     @classmethod
     def training(cls, config: SeederConfig) -> "Schedule":
-        """The schedule the policy trains with (``train.*``)."""
+        """The schedule the policy trains with (``train.*``); validation ranks with ``eval.prior_nodes``
+        as inference does."""
         t = config.train
-        return cls(tuple(t.expansion_sizes), tuple(t.frontier_caps), t.mode, int(config.seed.k0))
+        return cls(
+            tuple(t.expansion_sizes),
+            tuple(t.frontier_caps),
+            t.mode,
+            int(config.seed.k0),
+            prior_nodes=int(config.eval.prior_nodes),
+        )
 
     @classmethod
     def evaluation(cls, config: SeederConfig, model_config: SeederConfig) -> "Schedule":
         """``config``'s ``eval.expansion_sizes`` / ``eval.frontier_caps`` (either empty: the model's
         training value), with the model's mode, and ``config``'s voting (``eval.rollouts``,
-        ``eval.fusion``, ``eval.rollout_seed``) at the model's sampling temperature."""
+        ``eval.fusion``, ``eval.rollout_seed``) at the model's sampling temperature, and ``config``'s
+        ``eval.prior_nodes``."""
         sizes = list(config.eval.expansion_sizes) or list(model_config.train.expansion_sizes)
         caps = list(config.eval.frontier_caps) or list(model_config.train.frontier_caps)
         check_schedule(sizes, caps, "eval")
@@ -179,6 +190,7 @@ class Schedule:
             fusion=config.eval.fusion,
             seed=int(config.eval.rollout_seed),
             temperature=float(model_config.train.temperature),
+            prior_nodes=int(config.eval.prior_nodes),
         )
 
     @property
@@ -233,6 +245,8 @@ def retrieve(
     for lo in range(0, len(data.subgraphs), batch_size):
         index = np.arange(lo, min(lo + batch_size, len(data.subgraphs)))
         batch = data.batch(index).to(device)
+        # The cosine filter gives no path ends (all 0): nothing for the prior to add.
+        prior_nodes = schedule.prior_nodes if bool(batch.path_end.any()) else 0
         if schedule.mode == "rerank":
             scores = score_whole_subgraph(model, batch, relation_features)
             top = torch.topk(scores, min(schedule.budget, scores.shape[1]), dim=1).indices
@@ -241,10 +255,10 @@ def retrieve(
             in_set &= batch.valid
             reached_at = torch.where(in_set, 0, -1)
         elif schedule.rollouts:
-            in_set, scores, reached_at = voted_rollout(model, batch, relation_features, schedule, length, generator)
+            in_set, scores, reached_at = voted_rollout(model, batch, relation_features, schedule, length, generator, prior_nodes)
         else:
             rollout = Rollout(model, batch, relation_features, copies=1)
-            out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy=True)
+            out = rollout.run(list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy=True, prior_nodes=prior_nodes)
             in_set, scores, reached_at = out.selected, out.scores, out.reached_at
         result = rank_nodes(batch, in_set, scores, length)
         results.append(result)
@@ -280,6 +294,7 @@ def voted_rollout(
     schedule: Schedule,
     length: int,
     generator: torch.Generator,
+    prior_nodes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batched rollout of 1 + R copies per query (copy 0 greedy, the others Gumbel-top-k samples,
     as training samples its trajectories), each copy ranked as ``rank_nodes`` ranks, the rankings fused
@@ -289,7 +304,12 @@ def voted_rollout(
     greedy[:, 0] = True
     rollout = Rollout(model, batch, relation_features, copies)
     out = rollout.run(
-        list(schedule.expansion_sizes), list(schedule.frontier_caps), greedy.view(-1), schedule.temperature, generator
+        list(schedule.expansion_sizes),
+        list(schedule.frontier_caps),
+        greedy.view(-1),
+        schedule.temperature,
+        generator,
+        prior_nodes,
     )
     ranks = ranks_in_copies(batch, out.selected, out.scores, copies)
     shape = (batch.num_queries, copies, batch.width)

@@ -26,6 +26,7 @@ from seeder.data.ragged import segment_ids
 from seeder.data.subgraphs import SubgraphSet
 from seeder.policy.model import SeedERPolicy
 from seeder.retrieve.base import RetrievalResult
+from seeder.retrieve.prior import OFF_PATH_TERM
 
 # Finite stand-in for -inf in logits of absent candidates: keeps logsumexp and its gradient finite
 # when a copy has no candidate at all.
@@ -217,6 +218,24 @@ class Rollout:
         """The prior's path_end of the nodes at dense positions of ``copies`` copies."""
         return self.batch.path_end[self.flat_nodes(positions, copies)]
 
+    def join_prior_ends(self, selected: torch.Tensor, count: int) -> torch.Tensor:
+        """[G, P]: up to ``count`` nodes per copy outside ``selected`` that end one of the prior's relation
+        paths, the largest path_end first and then the filter score (the prior alone's order,
+        ``seeder.retrieve.khop.path_end_order``). The learned expansion loses some answers that the prior
+        puts first: on three-hop questions worded unlike its training questions, its set holds an answer
+        less often than the subgraph it expands in. Nodes off every prior path never join."""
+        valid = self.expand(self.batch.valid)
+        flat = valid.reshape(-1).nonzero().squeeze(1)
+        path_end = torch.full((valid.numel(),), float("-inf"), device=self.device)
+        path_end = path_end.index_put((flat,), self.path_end_at(flat).to(path_end.dtype)).view_as(valid)
+        candidate = valid & ~selected & (path_end > OFF_PATH_TERM)
+        # Two stable sorts give the order (path_end, then filter score), both descending.
+        filter_score = self.expand(self.batch.filter_score).masked_fill(~candidate, float("-inf"))
+        order = torch.argsort(filter_score, dim=1, descending=True, stable=True)
+        by_end = path_end.masked_fill(~candidate, float("-inf")).gather(1, order)
+        order = order.gather(1, torch.argsort(by_end, dim=1, descending=True, stable=True))[:, : min(count, valid.shape[1])]
+        return torch.zeros_like(selected).scatter(1, order, candidate.gather(1, order))
+
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """A per-query [B, ...] tensor -> one row per copy [G, ...]."""
         return x.repeat_interleave(self.copies, 0)
@@ -296,7 +315,11 @@ class Rollout:
         greedy: torch.Tensor | bool,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        prior_nodes: int = 0,
     ) -> RolloutOutput:
+        """Algorithm 1's expansion steps, then the final set's scores. ``prior_nodes`` > 0 (inference
+        only, ``eval.prior_nodes``): that many of the prior's best path ends join the set before it is
+        scored (``join_prior_ends``)."""
         valid = self.expand(self.batch.valid)
         selected = self.expand(self.batch.is_seed) & valid
         reached_at = torch.where(selected, 0, -1)
@@ -316,6 +339,10 @@ class Rollout:
             selected = selected.clone()
             selected[rows.expand_as(chosen)[pick_ok], chosen[pick_ok]] = True
             reached_at = torch.where(selected & (reached_at < 0), step + 1, reached_at)
+        if prior_nodes:
+            joined = self.join_prior_ends(selected, prior_nodes)
+            selected = selected | joined
+            reached_at = torch.where(joined, len(expansion_sizes) + 1, reached_at)
         h, compact = self.embed(selected, reached_at)
         positions = selected.reshape(-1).nonzero().squeeze(1)
         node_scores = self.model.scores(h, self.query_ctx.index_select(0, positions // self.width), self.path_end_at(positions))

@@ -46,6 +46,15 @@ def test_eval_schedule_overrides_the_training_one(trained):
     assert (larger.set_size >= default.set_size).all()  # a larger budget never shrinks a set
 
 
+def test_the_prior_s_path_ends_join_by_default_and_validation_ranks_as_inference(trained):
+    _, model_config, _ = trained
+    assert Schedule.evaluation(load_config(None, []), model_config).prior_nodes == 5
+    assert Schedule.training(load_config(None, ["eval.prior_nodes=3"])).prior_nodes == 3
+    assert Schedule.evaluation(load_config(None, ["eval.prior_nodes=0"]), model_config).prior_nodes == 0
+    with pytest.raises(ConfigError, match="eval.prior_nodes"):
+        rank_with(trained, ["eval.prior_nodes=-1"])
+
+
 def test_a_schedule_whose_caps_do_not_match_is_refused(trained):
     with pytest.raises(ConfigError, match="eval.frontier_caps"):
         rank_with(trained, ["eval.expansion_sizes=[3,6,4]"])

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ from seeder.policy.inference import Schedule, retrieve
 from seeder.policy.model import SeedERPolicy
 from seeder.policy.rollout import NEG, Rollout, plackett_luce_log_prob, rank_nodes, sample_top_k
 from seeder.policy.toy import toy_task
+from seeder.retrieve.prior import OFF_PATH_TERM
 
 
 def exact_ordered_probability(logits: list[float], order: tuple[int, ...]) -> float:
@@ -149,6 +151,51 @@ def test_rollout_adds_distinct_unselected_nodes_each_step():
     assert ((out.reached_at >= 0) == out.selected).all()
     assert torch.isfinite(out.log_prob).all() and (out.log_prob < 0).all()
     assert (out.scores[out.selected] > -1e8).all() and (out.scores[~out.selected] <= -1e8).all()
+
+
+def with_path_ends(data, ends: dict[tuple[int, int], float]):
+    """``data`` with every node off the prior's paths but ``ends``: (query, local node) -> path_end."""
+    path_end = np.full(len(data.subgraphs.nodes), OFF_PATH_TERM, np.float32)
+    for (q, i), value in ends.items():
+        path_end[data.subgraphs.node_ptr[q] + i] = value
+    return replace(data, subgraphs=replace(data.subgraphs, path_end=path_end))
+
+
+def test_the_prior_s_best_path_ends_join_by_path_end_then_filter_score():
+    data, config, model, _, _ = small_setup()
+    # Query 0: two tied path ends (the filter score breaks the tie), a worse one, and a seed on a path;
+    # query 1: one path end only, fewer than asked for; the other queries: none.
+    data = with_path_ends(data, {(0, 10): -0.5, (0, 11): -0.5, (0, 12): -1.0, (0, 0): 0.0, (1, 20): -3.0})
+    batch = data.batch(np.arange(6))
+    rollout = Rollout(model, batch, torch.from_numpy(data.relation_features), 1)
+    seeds = batch.is_seed.clone()
+    score = batch.filter_score
+    tie_winner = 10 if score[0, 10] > score[0, 11] else 11
+    joined = rollout.join_prior_ends(seeds, 1)
+    assert joined[0].nonzero().flatten().tolist() == [tie_winner]
+    assert joined[1].nonzero().flatten().tolist() == [20]
+    assert not joined[2:].any()
+    joined = rollout.join_prior_ends(seeds, 5)
+    assert joined[0].nonzero().flatten().tolist() == [10, 11, 12]  # the seed is selected already
+    assert not (joined & seeds).any()
+
+
+def test_joined_path_ends_enter_the_final_set_after_the_last_step():
+    data, config, model, _, _ = small_setup()
+    data = with_path_ends(data, {(q, 20 + q % 3): -0.1 for q in range(6)})
+    plain, plain_steps, _ = retrieve(model, data, Schedule.training(config), 30)
+    schedule = replace(Schedule.training(config), prior_nodes=2)
+    joined, steps, _ = retrieve(model, data, schedule, 30)
+    for q in range(6):
+        node = int(data.subgraphs.nodes[data.subgraphs.node_ptr[q] + 20 + q % 3])
+        in_plain = node in plain.ranking[q, : plain.set_size[q]]
+        assert node in joined.ranking[q, : joined.set_size[q]]
+        assert joined.set_size[q] == plain.set_size[q] + (0 if in_plain else 1)  # one path end per query
+        if not in_plain:
+            assert steps[q][joined.ranking[q] == node].item() == len(schedule.expansion_sizes) + 1
+    # With no path end anywhere (the cosine filter) nothing joins.
+    cosine = replace(data, subgraphs=replace(data.subgraphs, path_end=np.zeros_like(data.subgraphs.path_end)))
+    np.testing.assert_array_equal(retrieve(model, cosine, schedule, 30)[0].set_size, 10)
 
 
 def test_evaluation_is_deterministic_and_rankings_are_full_without_duplicates():
