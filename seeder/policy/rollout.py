@@ -340,9 +340,10 @@ class Rollout:
             selected[rows.expand_as(chosen)[pick_ok], chosen[pick_ok]] = True
             reached_at = torch.where(selected & (reached_at < 0), step + 1, reached_at)
         if prior_nodes:
+            # Joined nodes enter as the last step's: the state the layers were trained to read.
             joined = self.join_prior_ends(selected, prior_nodes)
             selected = selected | joined
-            reached_at = torch.where(joined, len(expansion_sizes) + 1, reached_at)
+            reached_at = torch.where(joined, len(expansion_sizes), reached_at)
         h, compact = self.embed(selected, reached_at)
         positions = selected.reshape(-1).nonzero().squeeze(1)
         node_scores = self.model.scores(h, self.query_ctx.index_select(0, positions // self.width), self.path_end_at(positions))

@@ -180,7 +180,7 @@ def test_the_prior_s_best_path_ends_join_by_path_end_then_filter_score():
     assert not (joined & seeds).any()
 
 
-def test_joined_path_ends_enter_the_final_set_after_the_last_step():
+def test_joined_path_ends_enter_the_final_set_as_the_last_step_s_nodes():
     data, config, model, _, _ = small_setup()
     data = with_path_ends(data, {(q, 20 + q % 3): -0.1 for q in range(6)})
     plain, plain_steps, _ = retrieve(model, data, Schedule.training(config), 30)
@@ -192,7 +192,7 @@ def test_joined_path_ends_enter_the_final_set_after_the_last_step():
         assert node in joined.ranking[q, : joined.set_size[q]]
         assert joined.set_size[q] == plain.set_size[q] + (0 if in_plain else 1)  # one path end per query
         if not in_plain:
-            assert steps[q][joined.ranking[q] == node].item() == len(schedule.expansion_sizes) + 1
+            assert steps[q][joined.ranking[q] == node].item() == len(schedule.expansion_sizes)  # the last step's
     # With no path end anywhere (the cosine filter) nothing joins.
     cosine = replace(data, subgraphs=replace(data.subgraphs, path_end=np.zeros_like(data.subgraphs.path_end)))
     np.testing.assert_array_equal(retrieve(model, cosine, schedule, 30)[0].set_size, 10)
