@@ -17,8 +17,9 @@ through r_1, then r_2?" is answered exactly by that set. This module samples suc
   used for training questions: validation on them measures compositions not seen in training.
 
 ``build_dataset`` writes a new dataset with the same graph, the generated questions as its training
-split (marked ``generated``, with their ``relation_path`` of CSR relation ids and ``anchor_id``; -1 and
-an empty path for the source's questions), and the source's own val and test questions (plus
+split (marked ``generated``, with their ``relation_path`` of CSR relation ids, ``anchor_id`` and
+``phrasing``, the template's index; -1 and an empty path for the source's questions: the prior holds out
+whole phrasings, seeder.retrieve.prior.held_out_questions), and the source's own val and test questions (plus
 ``real_train`` of its training questions, for few-label runs). Where the source has no val questions,
 or ``source_val`` is false, questions over the held-out paths become the val split. A user's
 paraphraser (``module:function`` taking and returning a list of question texts) may rewrite the texts,
@@ -238,7 +239,8 @@ def phrase(
 
 def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[str]] | None = None) -> dict[str, Any]:
     """Generated questions: ``anchors``, ``paths``, ``lengths``, ``answer_ptr``, ``answers``, ``texts``,
-    ``held_out`` (questions over held-out paths), in a fixed order for a given seed."""
+    ``phrasings`` (each one's template in ``TEMPLATES``), ``held_out`` (questions over held-out paths), in a
+    fixed order for a given seed."""
     check(cfg)
     rng = np.random.default_rng(cfg.seed)
     anchors, paths, lengths, visits = sample_walks(kg, cfg, rng)
@@ -292,6 +294,7 @@ def generate(kg, cfg: QuestionsConfig, paraphrase: Callable[[list[str]], list[st
         "answer_ptr": answer_ptr,
         "answers": n,
         "texts": texts,
+        "phrasings": template_ids,
         "held_out": held_out(codes, lengths, cfg.holdout_fraction),
     }
 
@@ -357,6 +360,7 @@ def build_dataset(
             "generated": pa.array(np.ones(len(rows), dtype=bool)),
             "relation_path": pa.ListArray.from_arrays(pa.array(path_offsets), pa.array(paths[paths >= 0].astype(np.int32))),
             "anchor_id": pa.array(made["anchors"][rows].astype(np.int64)),
+            "phrasing": pa.array(made["phrasings"][rows].astype(np.int64)),
         }
     )
     real_part = pa.table(
@@ -369,6 +373,7 @@ def build_dataset(
             "generated": pa.array(np.zeros(real.num_rows, dtype=bool)),
             "relation_path": pa.array([[]] * real.num_rows, pa.list_(pa.int32())),
             "anchor_id": pa.array(np.full(real.num_rows, -1, dtype=np.int64)),
+            "phrasing": pa.array(np.full(real.num_rows, -1, dtype=np.int64)),
         }
     )
     queries = pa.concat_tables([real_part, generated])

@@ -932,6 +932,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
     )
     rows = np.searchsorted(query_ids, qid[kept])
     labelled = ~generated_mask(kg, query_ids)
+    phrasings = question_phrasings(kg, query_ids)
     # A masked reading is [question d | asked type T | seed and asking windows 2d]; the MLP reads the first two.
     masked = config.prior.question == "masked"
     question_dim = np.load(artifacts / "features" / "query.npy", mmap_mode="r").shape[1]  # d, PCA'd or not
@@ -953,6 +954,7 @@ def run_prior(artifacts: Path, out: Path, kg: KnowledgeGraph, config: SeederConf
             echo=echo,
             wording_dim=config.prior.wording_dim,
             question_weight=np.where(labelled, config.prior.labelled_weight, 1.0),
+            phrasings=phrasings,
         )
     prior.question = config.prior.question
     if asked_width:
@@ -1008,7 +1010,7 @@ def fit_path_text(
     texts = render_paths(prior.vocab, num_ids, kg.relation_texts, tails)
     embedded = encode_in_blocks(texts, config, "prior: relation paths as questions", "paths", l2_normalize)
     text = PathText.build(np.concatenate(embedded), artifacts_pca(artifacts))
-    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, config)
+    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, question_phrasings(kg, query_ids), config)
     text.weight, shares = choose_weight(prior.probs(x), text, x[:, : text.dim], keys)
     table = ", ".join(f"{w:g}: {s:.3f}" for w, s in shares.items())
     echo(f"prior: path-text weight {text.weight:g} (held-out top path a target by weight: {table})")
@@ -1016,12 +1018,19 @@ def fit_path_text(
 
 
 def held_out_targets(
-    prior: RelationPathPrior, inputs: np.ndarray, rows: np.ndarray, codes: np.ndarray, query_ids: np.ndarray, config: SeederConfig
+    prior: RelationPathPrior,
+    inputs: np.ndarray,
+    rows: np.ndarray,
+    codes: np.ndarray,
+    query_ids: np.ndarray,
+    phrasings: np.ndarray,
+    config: SeederConfig,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The inputs of the training questions the prior's fit held out (``held_out_questions``) and the
     sorted ``row * V + slot`` of their target paths: what the match weights are chosen on."""
     questions = np.unique(rows)
-    held = questions[held_out_questions(query_ids[questions], config.prior.holdout_fraction)]
+    cfg = config.prior
+    held = questions[held_out_questions(query_ids[questions], cfg.holdout_fraction, phrasings[questions], cfg.seed)]
     position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
     known, slot = sorted_lookup(prior.vocab, codes)
     mine = (held[position] == rows) & known
@@ -1051,7 +1060,7 @@ def fit_local_match(
         encode_in_blocks(texts, config, "prior: relations as questions", "relations", lambda x: apply_pca(x, pca))
     )
     match = LocalMatch.build(relations, prior.vocab, num_ids, offset)
-    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, config)
+    x, keys = held_out_targets(prior, inputs, rows, codes, query_ids, question_phrasings(kg, query_ids), config)
     prior.local_match = match  # at weights 0: the MLP skips the windows, nothing is reweighed yet
     (match.seed_weight, match.ask_weight), shares = choose_weights(prior.probs(x), match, x, keys)
     best = sorted(shares.items(), key=lambda kv: -kv[1])[:4]
@@ -1070,6 +1079,15 @@ def generated_mask(kg: KnowledgeGraph, query_ids: np.ndarray) -> np.ndarray:
         return np.zeros(len(query_ids), bool)
     column = kg.queries.column("generated").take(pa.array(kg.query_rows(query_ids)))
     return np.asarray(column.fill_null(False).to_numpy(zero_copy_only=False), bool)
+
+
+def question_phrasings(kg: KnowledgeGraph, query_ids: np.ndarray) -> np.ndarray:
+    """[Q] the phrasing (template) each of these questions was generated with by ``seeder questions``,
+    -1 for a real question or a dataset without the ``phrasing`` column."""
+    if "phrasing" not in kg.queries.column_names:
+        return np.full(len(query_ids), -1, np.int64)
+    column = kg.queries.column("phrasing").take(pa.array(kg.query_rows(query_ids)))
+    return np.asarray(column.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
 
 
 def path_summary(artifacts: Path, kg: KnowledgeGraph, top: int = 10) -> list[str]:

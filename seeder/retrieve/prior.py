@@ -410,6 +410,7 @@ def train_prior(
     echo=print,
     wording_dim: int = 0,
     question_weight: np.ndarray | None = None,
+    phrasings: np.ndarray | None = None,
 ) -> RelationPathPrior:
     """Fit the prior on target rows (query row, path code, weight) of training questions, then refit it
     ``prior.refine_rounds`` times on the same rows reweighted by the fitted prior's own probability
@@ -422,11 +423,12 @@ def train_prior(
     coincidences get little probability, and the refit learns from the rest.
 
     ``inputs`` [Q, d + W + 2R] holds every training question's ``prior_inputs``, ``query_ids`` their ids
-    (for the hashed hold-out); ``wording_dim`` is W, the width of their wording block; ``question_weight``
+    and ``phrasings`` their generated phrasing or -1 (for the hold-out, ``held_out_questions``);
+    ``wording_dim`` is W, the width of their wording block; ``question_weight``
     [Q] how much each question counts in the loss (1 for all when None). Questions without a target row
     are not used.
     """
-    fit = dict(echo=echo, wording_dim=wording_dim, question_weight=question_weight)
+    fit = dict(echo=echo, wording_dim=wording_dim, question_weight=question_weight, phrasings=phrasings)
     prior = _fit_prior(inputs, query, code, weight, query_ids, num_relation_ids, cfg, **fit)
     for _ in range(max(cfg.refine_rounds, 0)):
         questions, row = np.unique(query, return_inverse=True)
@@ -451,11 +453,24 @@ def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
     return id_hash(query_ids) < np.uint64(int(fraction * 2**32))
 
 
-def held_out_questions(query_ids: np.ndarray, fraction: float) -> np.ndarray:
+def held_out_questions(query_ids: np.ndarray, fraction: float, phrasings: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
     """[n] which of these training questions (those with a target path) the prior's fit holds out for
-    early stopping: the hashed share ``fraction`` (``holdout_mask``), or the first tenth where the hash
-    holds out none or all of them. The path-text weight is chosen on the same questions."""
+    early stopping; the text-match weights are chosen on the same questions.
+
+    Generated questions (``phrasings`` >= 0: their template, ``seeder questions``) are held out by whole
+    phrasings, a seeded ``fraction`` of them (at least one): held-out questions worded as fitted ones
+    reward the MLP's memory of the templates and undervalue the text matches that real questions need.
+    Real questions (-1, or no ``phrasings``) are held out by the hashed share ``fraction``
+    (``holdout_mask``). Where that holds out none or all of them, the first tenth is held out."""
     held = holdout_mask(query_ids, fraction)
+    if phrasings is not None:
+        phrasings = np.asarray(phrasings)
+        made = phrasings >= 0
+        kinds = np.unique(phrasings[made])
+        if len(kinds) > 1:
+            count = min(max(1, round(fraction * len(kinds))), len(kinds) - 1)
+            chosen = np.random.default_rng(seed).permutation(kinds)[:count]
+            held = np.where(made, np.isin(phrasings, chosen), held)
     if held.all() or not held.any():
         held = np.zeros(len(query_ids), bool)
         held[: max(1, len(query_ids) // 10)] = True
@@ -473,6 +488,7 @@ def _fit_prior(
     echo=print,
     wording_dim: int = 0,
     question_weight: np.ndarray | None = None,
+    phrasings: np.ndarray | None = None,
     start: RelationPathPrior | None = None,
 ) -> RelationPathPrior:
     """One fit of the prior on weighted target rows (see ``train_prior``), from ``start``'s weights
@@ -531,7 +547,7 @@ def _fit_prior(
         fit_targets /= fit_targets.sum(axis=1, keepdims=True)
         out_width = len(vocab)
     x = np.asarray(inputs[rows], dtype=np.float32)
-    held = held_out_questions(query_ids[rows], cfg.holdout_fraction)
+    held = held_out_questions(query_ids[rows], cfg.holdout_fraction, None if phrasings is None else phrasings[rows], cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     d, hidden = x.shape[1], cfg.hidden_dim

@@ -137,6 +137,20 @@ def test_same_seed_same_questions_and_a_paraphraser_rewrites_them(source, monkey
         load_paraphraser("no_colon")
 
 
+def test_each_question_records_its_phrasing_and_real_ones_none(source, tmp_path):
+    from seeder.generate.questions import TEMPLATES
+
+    build_dataset(source.path, tmp_path / "gen", QuestionsConfig(count=600, seed=1), echo=lambda _: None)
+    rows = open_dataset(tmp_path / "gen").queries.to_pylist()
+    generated = [q for q in rows if q["generated"]]
+    assert {q["phrasing"] for q in generated} == set(range(len(TEMPLATES)))
+    assert all(q["phrasing"] == -1 for q in rows if not q["generated"])
+    # The recorded phrasing is the template the text was written with: its fixed words are in the text.
+    for q in generated:
+        fixed = [w for w in re.split(r"\{\w+\}", TEMPLATES[q["phrasing"]]) if w.strip(" ?:,")]
+        assert all(w.strip(" ?") in q["text"] for w in fixed), (q["text"], TEMPLATES[q["phrasing"]])
+
+
 def test_texts_come_from_the_graphs_relation_texts_and_node_types(source):
     made = generate(source, QuestionsConfig(count=200, seed=4))
     relation_texts = source.relation_texts

@@ -207,3 +207,42 @@ def test_the_path_text_switch_changes_only_a_masked_priors_fingerprint():
         on = stage_fingerprints(load_config(None, [*learned, f"prior.question={question}"]), "d")
         off = stage_fingerprints(load_config(None, [*learned, f"prior.question={question}", "prior.path_text=false"]), "d")
         assert (on["prior"] != off["prior"]) is differs, question
+
+
+def test_the_prior_stage_holds_out_a_whole_phrasing_of_the_generated_questions(tmp_path):
+    """The text-match weights are chosen on the prior's held-out questions: for generated ones, every
+    question of one phrasing (``held_out_targets``); a dataset without phrasings reads as all real."""
+    from seeder.config import SeederConfig, SynthConfig
+    from seeder.data.store import open_dataset, write_dataset
+    from seeder.generate.synth import generate
+    from seeder.preprocessing.stages import held_out_targets, question_phrasings, train_query_ids
+    from seeder.retrieve.prior import RelationPathPrior
+
+    nodes, relations, edges, queries = generate(SynthConfig(nodes=200, relations=3, queries=300, seed=4))
+    train = np.asarray(queries.column("split").to_pylist()) == "train"
+    phrasing = np.where(train & (np.arange(len(train)) >= 30), np.arange(len(train)) % 5, -1)  # 30 real, 5 phrasings
+    plain = open_dataset(write_dataset(tmp_path / "plain", nodes, relations, edges, queries))
+    marked = open_dataset(
+        write_dataset(tmp_path / "marked", nodes, relations, edges, queries.append_column("phrasing", pa.array(phrasing)))
+    )
+    ids = train_query_ids(marked)
+    assert (question_phrasings(plain, ids) == -1).all()
+    read = question_phrasings(marked, ids)
+    assert np.array_equal(read, phrasing[np.searchsorted(queries.column("id").to_numpy(), ids)])
+    rows = np.repeat(np.arange(len(ids)), 2)  # two target paths per question
+    codes = np.tile(np.array([5, 7]), len(ids))
+    prior = RelationPathPrior(
+        vocab=np.array([5, 7]),
+        w1=np.zeros((1, 1), np.float32),
+        b1=np.zeros(1, np.float32),
+        w2=np.zeros((1, 2), np.float32),
+        b2=np.zeros(2, np.float32),
+        num_relation_ids=6,
+        info={},
+    )
+    inputs = np.arange(len(ids), dtype=np.float32)[:, None]
+    x, keys = held_out_targets(prior, inputs, rows, codes, ids, read, SeederConfig())
+    held = x[:, 0].astype(int)
+    assert len(set(read[held][read[held] >= 0].tolist())) == 1  # one phrasing of the five
+    assert (read[held] >= 0).sum() == (read == read[held][read[held] >= 0][0]).sum()  # all of its questions
+    assert len(keys) == 2 * len(held)

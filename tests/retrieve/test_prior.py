@@ -8,7 +8,16 @@ import pytest
 from seeder.config import ConfigError, ExpandConfig, PriorConfig
 from seeder.retrieve.khop import expand_queries
 from seeder.retrieve.paths import ROOT, golden_paths
-from seeder.retrieve.prior import PathTrie, RelationPathPrior, path_targets, prior_inputs, seed_relation_profile, train_prior
+from seeder.retrieve.prior import (
+    PathTrie,
+    RelationPathPrior,
+    held_out_questions,
+    holdout_mask,
+    path_targets,
+    prior_inputs,
+    seed_relation_profile,
+    train_prior,
+)
 from tests.retrieve.conftest import fixed_prior
 
 
@@ -47,6 +56,29 @@ def test_targets_keep_paths_near_the_best_f1():
         4,
     )
     assert kept.tolist() == [0, 2]
+
+
+def test_generated_questions_are_held_out_by_whole_phrasings_and_real_ones_by_their_id_hash():
+    ids = np.arange(1000, 3000)
+    phrasings = np.where(ids < 2000, -1, ids % 10)  # the first 1,000 real, the rest from 10 templates
+    held = held_out_questions(ids, 0.1, phrasings, seed=0)
+    made = phrasings >= 0
+    held_kinds = set(phrasings[made & held].tolist())
+    assert len(held_kinds) == 1  # a tenth of 10 phrasings: one, all of its questions
+    assert held[made & np.isin(phrasings, list(held_kinds))].all()
+    assert np.array_equal(held[~made], holdout_mask(ids[~made], 0.1))
+    assert 0.05 < held[~made].mean() < 0.15
+    # Seeded: the same phrasing for the same seed; another seed may choose another.
+    assert np.array_equal(held, held_out_questions(ids, 0.1, phrasings, seed=0))
+    chosen = {int(phrasings[made & held_out_questions(ids, 0.1, phrasings, seed=s)][0]) for s in range(8)}
+    assert len(chosen) > 1
+    # Three tenths of 10 phrasings are three of them.
+    assert len(set(phrasings[made & held_out_questions(ids, 0.3, phrasings)].tolist())) == 3
+    # One phrasing only: holding it out would leave nothing to fit, so its questions are hashed like real ones.
+    single = np.zeros(len(ids), np.int64)
+    assert np.array_equal(held_out_questions(ids, 0.1, single), holdout_mask(ids, 0.1))
+    # Without phrasings (a dataset of real questions), the hash as before.
+    assert np.array_equal(held_out_questions(ids, 0.1), holdout_mask(ids, 0.1))
 
 
 def test_path_terms_are_mass_through_plus_mass_ending_at_each_prefix():
