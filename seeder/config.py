@@ -321,7 +321,8 @@ class PriorConfig(Section):
     batch_size: int = 256
     """Training questions per step of the prior."""
     holdout_fraction: float = 0.1
-    """Share of the training questions held out (by a hash of the query id) for early stopping."""
+    """Share of the training questions held out for early stopping and for choosing the text-match
+    weights: real questions by a hash of the query id, generated ones by whole phrasings."""
     seed: int = 0
     """Seed of the prior's initialisation and batch order."""
 
