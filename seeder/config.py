@@ -321,14 +321,10 @@ class PriorConfig(Section):
     batch_size: int = 256
     """Training questions per step of the prior."""
     holdout_fraction: float = 0.1
-    """Share of the real training questions held out, by a hash of the query id, for early stopping and
-    for choosing the text-match weights."""
-    phrasing_holdout: float = 0.2
-    """Share of the generated questions' phrasings (``seeder questions``' templates) whose every question
-    is held out in the same way, at least one and never all: weights chosen on a single wording the MLP
-    never fitted depend on which one was drawn, so two of the ten are held out."""
+    """Share of the training questions held out for early stopping and for choosing the text-match
+    weights: real questions by a hash of the query id, generated ones by whole phrasings."""
     seed: int = 0
-    """Seed of the prior's initialisation, batch order and held-out phrasings."""
+    """Seed of the prior's initialisation and batch order."""
 
 
 @dataclass

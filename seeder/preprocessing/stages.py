@@ -209,13 +209,9 @@ def check_config(config: SeederConfig) -> None:
         min(p.neighbor_cap, p.path_cap, p.batch_queries, p.hidden_dim, p.epochs, p.batch_size, p.max_paths) <= 0
         or not (0 < p.keep_ratio <= 1)
         or not (0 <= p.holdout_fraction < 1)
-        or not (0 < p.phrasing_holdout < 1)
         or not (p.lr > 0)
     ):
-        raise ConfigError(
-            "prior: caps, sizes, epochs and lr must be positive, keep_ratio in (0, 1], holdout_fraction in [0, 1), "
-            "phrasing_holdout in (0, 1)"
-        )
+        raise ConfigError("prior: caps, sizes, epochs and lr must be positive, keep_ratio in (0, 1], holdout_fraction in [0, 1)")
     if not p.labelled_weight > 0:
         raise ConfigError(
             f"prior.labelled_weight must be positive (how much a labelled training question counts against a "
@@ -1037,9 +1033,7 @@ def held_out_targets(
     sorted ``row * V + slot`` of their target paths: what the match weights are chosen on."""
     questions = np.unique(rows)
     cfg = config.prior
-    held = questions[
-        held_out_questions(query_ids[questions], cfg.holdout_fraction, phrasings[questions], cfg.seed, cfg.phrasing_holdout)
-    ]
+    held = questions[held_out_questions(query_ids[questions], cfg.holdout_fraction, phrasings[questions], cfg.seed)]
     position = np.minimum(np.searchsorted(held, rows), len(held) - 1)
     known, slot = sorted_lookup(prior.vocab, codes)
     mine = (held[position] == rows) & known

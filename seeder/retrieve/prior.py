@@ -453,30 +453,22 @@ def holdout_mask(query_ids: np.ndarray, fraction: float) -> np.ndarray:
     return id_hash(query_ids) < np.uint64(int(fraction * 2**32))
 
 
-def held_out_questions(
-    query_ids: np.ndarray,
-    fraction: float,
-    phrasings: np.ndarray | None = None,
-    seed: int = 0,
-    phrasing_fraction: float | None = None,
-) -> np.ndarray:
+def held_out_questions(query_ids: np.ndarray, fraction: float, phrasings: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
     """[n] which of these training questions (those with a target path) the prior's fit holds out for
     early stopping; the text-match weights are chosen on the same questions.
 
     Generated questions (``phrasings`` >= 0: their template, ``seeder questions``) are held out by whole
-    phrasings, a seeded ``phrasing_fraction`` of them (``fraction`` when None; at least one, never all):
-    held-out questions worded as fitted ones reward the MLP's memory of the templates and undervalue the
-    text matches that real questions need. Real questions (-1, or no ``phrasings``) are held out by the
-    hashed share ``fraction`` (``holdout_mask``). Where that holds out none or all of them, the first
-    tenth is held out."""
+    phrasings, a seeded ``fraction`` of them (at least one): held-out questions worded as fitted ones
+    reward the MLP's memory of the templates and undervalue the text matches that real questions need.
+    Real questions (-1, or no ``phrasings``) are held out by the hashed share ``fraction``
+    (``holdout_mask``). Where that holds out none or all of them, the first tenth is held out."""
     held = holdout_mask(query_ids, fraction)
     if phrasings is not None:
         phrasings = np.asarray(phrasings)
         made = phrasings >= 0
         kinds = np.unique(phrasings[made])
         if len(kinds) > 1:
-            share = fraction if phrasing_fraction is None else phrasing_fraction
-            count = min(max(1, round(share * len(kinds))), len(kinds) - 1)
+            count = min(max(1, round(fraction * len(kinds))), len(kinds) - 1)
             chosen = np.random.default_rng(seed).permutation(kinds)[:count]
             held = np.where(made, np.isin(phrasings, chosen), held)
     if held.all() or not held.any():
@@ -555,9 +547,7 @@ def _fit_prior(
         fit_targets /= fit_targets.sum(axis=1, keepdims=True)
         out_width = len(vocab)
     x = np.asarray(inputs[rows], dtype=np.float32)
-    held = held_out_questions(
-        query_ids[rows], cfg.holdout_fraction, None if phrasings is None else phrasings[rows], cfg.seed, cfg.phrasing_holdout
-    )
+    held = held_out_questions(query_ids[rows], cfg.holdout_fraction, None if phrasings is None else phrasings[rows], cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     d, hidden = x.shape[1], cfg.hidden_dim
